@@ -1,0 +1,1 @@
+"""Helios: load a catalog of prepared programs, schedule it, execute it, serve it."""

@@ -1,0 +1,229 @@
+"""Vocabulary shared by the catalog, the capacity planner and the scheduler.
+
+A ``GraphDescriptor`` names one prepared physical program by its fixed
+capacities. The capacity planner emits them, the catalog stores them, the
+scheduler ranks them. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class GraphKind(str, Enum):
+    """Families of prepared programs (spec checklist C1)."""
+
+    PREFILL = "prefill"
+    SCORED_PREFILL = "scored_prefill"
+    DECODE = "decode"
+    SPECULATIVE = "speculative"
+    MIXED = "mixed"
+    VISION = "vision"
+    SNAPSHOT = "snapshot"
+    RESTORE = "restore"
+    INIT = "init"
+
+
+class ValueSource(str, Enum):
+    """Who allocates a speculative program's target rows (spec S1/S2)."""
+
+    QUERY_LENGTH = "query_length"  # host fixes per-lane lengths before proposals
+    PREFIX_LIMIT = "prefix_limit"  # host gives ceilings; the device allocates within P
+
+
+GENERATION_KINDS = frozenset({GraphKind.DECODE, GraphKind.SPECULATIVE})
+"""Kinds allowed to occupy both frame slots (spec A7)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostKey:
+    """Identity of a duration estimate (spec D1): active rows never change it."""
+
+    kind: GraphKind
+    batch_capacity: int
+    token_capacity: int
+    proposal_depth: int
+    prefill_capacity: int
+    aggregate: int
+
+
+@dataclass(frozen=True, slots=True)
+class GraphDescriptor:
+    """One prepared fixed-shape program.
+
+    batch_capacity   B: physical request rows.
+    proposal_depth   D: proposal positions the program produces (0 for width one).
+    width            W: target positions per row, the pending token included
+                     (the mixed contract's ``token_capacity``). 1 for plain decode.
+    aggregate        P: total target rows; rectangular programs have P = B * W.
+    prefill_capacity prompt tokens (prefill, scored prefill, mixed); 0 otherwise.
+    ragged           target rows packed by per-lane lengths summing to <= P.
+    value_source     for speculative/mixed programs with W > 1: who allocates rows.
+    proposal_source  "learned" (draft model) or "copy" (prompt lookup), if any.
+    speculation_enabled  width-one decode/mixed variants that maintain draft state.
+    confidence_width equals D for confidence-producing programs, else 0 (C12).
+    estimated_duration_ns  always written as 0; the runtime learns durations (C11).
+    """
+
+    id: str
+    kind: GraphKind
+    batch_capacity: int
+    proposal_depth: int = 0
+    width: int = 1
+    aggregate: int = 0
+    prefill_capacity: int = 0
+    ragged: bool = False
+    value_source: ValueSource | None = None
+    proposal_source: str | None = None
+    speculation_enabled: bool = False
+    confidence_width: int = 0
+    estimated_duration_ns: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_capacity < 1:
+            raise ValueError(f"{self.id}: batch_capacity must be >= 1, got {self.batch_capacity}")
+        if self.width < 1:
+            raise ValueError(f"{self.id}: width must be >= 1, got {self.width}")
+        if self.aggregate < 0 or self.prefill_capacity < 0 or self.proposal_depth < 0:
+            raise ValueError(f"{self.id}: capacities must be nonnegative")
+        if not self.ragged and self.aggregate not in (0, self.batch_capacity * self.width):
+            raise ValueError(
+                f"{self.id}: rectangular programs need P = B * W "
+                f"({self.batch_capacity * self.width}), got {self.aggregate}"
+            )
+
+    @property
+    def target_rows(self) -> int:
+        """P, with rectangular programs defaulting to B * W."""
+        return self.aggregate or self.batch_capacity * self.width
+
+    @property
+    def max_packed_tokens(self) -> int:
+        """Packed token extent (spec C10): prompt row plus the other rows' widths."""
+        if self.prefill_capacity and self.kind is GraphKind.MIXED:
+            return self.prefill_capacity + (self.batch_capacity - 1) * self.width
+        if self.prefill_capacity:
+            return self.prefill_capacity
+        return self.target_rows
+
+    def cost_key(self) -> CostKey:
+        return CostKey(
+            kind=self.kind,
+            batch_capacity=self.batch_capacity,
+            token_capacity=self.width,
+            proposal_depth=self.proposal_depth,
+            prefill_capacity=self.prefill_capacity,
+            aggregate=self.target_rows,
+        )
+
+
+# ---------------------------------------------------------------------------
+# The scheduler's public request/plan/completion vocabulary (DESIGN.md,
+# "Public interfaces"). The core may add fields; it must not remove these.
+# ---------------------------------------------------------------------------
+
+Fence = int
+"""Monotonic id the engine gives each committed plan."""
+
+
+class SelectionReason(str, Enum):
+    ORDINARY = "ordinary"
+    DISCOVERY = "discovery"
+    TIMING_REFRESH = "timing_refresh"
+    ACCEPTANCE_LEARNING = "acceptance_learning"
+
+
+class LanePhase(str, Enum):
+    PROMPT = "prompt"  # consumes uncached prompt tokens
+    DECODE = "decode"  # produces output tokens (ordinary or speculative)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHandle:
+    """A request slot and the generation that owns it (a reused slot gets a new one)."""
+
+    slot: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitRequest:
+    """What the scheduler needs to know about a new request: numbers, no text."""
+
+    prompt_tokens: int  # total prompt length
+    max_tokens: int  # output limit
+    context_limit: int  # prompt + output may not exceed this
+    cached_tokens: int = 0  # prompt prefix already resident (earns no prompt service)
+    endpoints: tuple[int, ...] = ()  # message/system boundaries inside the prompt
+    proposal_sources: tuple[str, ...] = ()  # "learned", "copy": speculation allowed
+    greedy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedLane:
+    """One active row of a plan: whose, which phase, how much work."""
+
+    handle: RequestHandle
+    phase: LanePhase
+    prompt_start: int = 0  # first prompt position this lane consumes (prompt phase)
+    prompt_tokens: int = 0  # prompt tokens consumed by this lane (prompt phase)
+    query_length: int = 1  # target rows (decode phase; the pending token included)
+    ceiling: int = 0  # prefix_limit lanes: immutable ceiling min(D + 1, W, limit)
+    expected_tokens: float = 0.0  # committed tokens expected (for queue projection)
+    finishes_prompt: bool = False  # the prompt ends in this lane: may publish a token
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledPlan:
+    """An immutable decision: the program, its lanes, and why (spec A6, A12)."""
+
+    graph: GraphDescriptor
+    lanes: tuple[PlannedLane, ...]
+    reason: SelectionReason
+    estimated_duration_ns: int  # 0 when the graph's duration is still unknown
+    scaled_value_rate: float
+    log_scale: float
+    prefill_row: int | None = None  # index into ``lanes`` of the prompt row (mixed)
+    requires_feedback: bool = True  # may not be queued behind other work
+
+    def selection_value_rate(self) -> float:
+        """Selection score after the decision's common positive scaling (spec U7)."""
+        return self.scaled_value_rate
+
+    def selection_log_scale(self) -> float:
+        """Natural log of that decision's scaling factor (spec U7)."""
+        return self.log_scale
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRecord:
+    """What the program did for one lane, as the executor reports it."""
+
+    handle: RequestHandle
+    prompt_consumed: int = 0
+    tokens: tuple[int, ...] = ()  # committed output tokens: accepted drafts + bonus
+    offered: int = 0  # draft positions verified for this lane (speculative rows)
+    terminated: bool = False  # the model ended the request (EOS)
+    confidence: tuple[float, ...] | None = None  # joint prefix probabilities (rank 0)
+    survival: tuple[float, ...] | None = None  # completion_speculative_survival
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionTiming:
+    """Measured intervals of one executed frame (spec A3, D3)."""
+
+    device_ns: int  # max positive rank-local device interval; 0 when missing
+    wall_ns: int  # host: dispatch through observed completion
+    readiness_delay_ns: int = 0  # exposed embedding-delivery delay, if measured
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedToken:
+    """Tokens a completion committed for one request, ready to detokenize."""
+
+    handle: RequestHandle
+    fence: Fence
+    tokens: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | None

@@ -1,0 +1,1 @@
+"""Ignition: recipe -> capacity plan -> captured catalog of prepared programs."""
