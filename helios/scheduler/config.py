@@ -1,0 +1,64 @@
+"""Scheduling preferences (spec "Policy preferences"; checklist Y1, Y2).
+
+These are preferences, not timing measurements or latency bounds. Units: value
+is counted in prompt-token units; times in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+POLICY_PRESETS = ("balanced", "throughput")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    output_token_value: float = 64.0  # beta: prompt-value units per output token
+    token_fairness: float = 16.0  # f: token-rate log-utility coefficient, value/ms
+    delivery_fairness: float = 4.0  # g: delivery-rate log-utility coefficient, value/ms
+    decode_age_price: float = 0.1  # c: linear output-age cost, value/ms^2
+    terminal_value: float = 256.0  # value per terminal retirement
+    terminal_age_price: float = 1.0  # linear terminal-wait cost, value/ms^2
+    adaptation_ms: float = 100.0  # service-price adaptation time
+    estimate_ttl_ns: int = 30_000_000_000  # timing freshness interval
+    adaptive_verification_alpha: float = 1.0  # exponent on prefix-survival estimates
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"PolicyConfig.{f.name} must be finite and >= 0, got {value!r}")
+        if self.adaptive_verification_alpha <= 0:
+            raise ValueError(
+                "PolicyConfig.adaptive_verification_alpha must be > 0, "
+                f"got {self.adaptive_verification_alpha!r}"
+            )
+        if self.adaptation_ms <= 0:
+            raise ValueError(f"PolicyConfig.adaptation_ms must be > 0, got {self.adaptation_ms!r}")
+        if self.estimate_ttl_ns <= 0:
+            raise ValueError(f"PolicyConfig.estimate_ttl_ns must be > 0, got {self.estimate_ttl_ns!r}")
+
+    @classmethod
+    def preset(
+        cls,
+        name: str = "balanced",
+        *,
+        terminal_value: float | None = None,
+        terminal_age_price: float | None = None,
+        adaptive_verification_alpha: float | None = None,
+    ) -> "PolicyConfig":
+        """Build a preset, then apply the terminal/alpha overrides (spec Y2 order)."""
+        if name == "balanced":
+            config = cls()
+        elif name == "throughput":
+            # keeps token fairness and output-token value; drops cadence preferences
+            config = cls(delivery_fairness=0.0, decode_age_price=0.0)
+        else:
+            raise ValueError(f"unknown scheduler policy {name!r}; expected one of {', '.join(POLICY_PRESETS)}")
+        overrides = {
+            "terminal_value": terminal_value,
+            "terminal_age_price": terminal_age_price,
+            "adaptive_verification_alpha": adaptive_verification_alpha,
+        }
+        return replace(config, **{k: v for k, v in overrides.items() if v is not None})
