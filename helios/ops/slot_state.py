@@ -1,0 +1,33 @@
+"""``flare::write_slot_state``: commit each active row's pending token and length.
+
+Programs keep per-slot request state on the device (``pending`` next input
+token, ``seq_lens`` committed KV length) so that a decode frame can be queued
+behind another without the host seeing the first one's output. Only rows with
+a positive query length write; inactive rows may carry any slot id.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+@torch.library.custom_op("flare::write_slot_state", mutates_args=("pending", "seq_lens"), device_types="cpu")
+def write_slot_state(
+    pending: torch.Tensor,  # int64 [slots]
+    seq_lens: torch.Tensor,  # int32 [slots]
+    row_slots: torch.Tensor,  # int32 [B]
+    query_lens: torch.Tensor,  # int32 [B]
+    new_pending: torch.Tensor,  # int64 [B]
+    new_seq_lens: torch.Tensor,  # int32 [B]
+) -> None:
+    active = query_lens > 0
+    slots = row_slots[active].long()
+    if slots.numel() and not (0 <= int(slots.min()) and int(slots.max()) < pending.shape[0]):
+        raise ValueError(f"row_slots {slots.tolist()} outside 0..{pending.shape[0] - 1}")
+    pending.index_put_((slots,), new_pending[active])
+    seq_lens.index_put_((slots,), new_seq_lens[active])
+
+
+@write_slot_state.register_fake
+def _(pending, seq_lens, row_slots, query_lens, new_pending, new_seq_lens) -> None:
+    return None

@@ -1,0 +1,138 @@
+"""The flare:: custom ops against plain dense references (spec C14: packed rows,
+inactive rows and unused capacity mutate nothing)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import helios.ops  # noqa: F401  (registers flare::)
+
+LAYERS, PAGES, PAGE, KV_HEADS, HEADS, DIM = 2, 24, 4, 2, 4, 8
+SLOTS, MAX_PAGES = 4, 6
+
+
+def _page_table(gen: torch.Generator) -> torch.Tensor:
+    """Each slot owns MAX_PAGES distinct pages, scattered over the pool."""
+    return torch.randperm(PAGES, generator=gen)[: SLOTS * MAX_PAGES].view(SLOTS, MAX_PAGES).int()
+
+
+def _ragged_case(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    batch = 1 + seed % 4
+    row_slots = torch.randperm(SLOTS, generator=gen)[:batch].int()
+    query_lens = torch.randint(0, 6, (batch,), generator=gen).int()
+    query_lens[0] = max(int(query_lens[0]), 1)  # at least one active row
+    start = torch.randint(0, 14, (batch,), generator=gen).int()
+    return gen, row_slots, query_lens, start
+
+
+def _dense_attention(q, k, v, start: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v with GQA by repetition and a causal offset."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+    allowed = torch.arange(k.shape[0])[None, :] <= torch.arange(start, start + q.shape[0])[:, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def _empty_cache():
+    return torch.zeros(LAYERS, PAGES, PAGE, KV_HEADS, DIM), torch.zeros(LAYERS, PAGES, PAGE, KV_HEADS, DIM)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_C14_paged_attention_matches_dense_reference_on_ragged_rows(seed):
+    gen, row_slots, query_lens, start = _ragged_case(seed)
+    page_table = _page_table(gen)
+    k_cache, v_cache = _empty_cache()
+    ends = (start + query_lens).tolist()
+    # Each row's whole sequence: committed context followed by its new tokens.
+    seqs = [(torch.randn(e, KV_HEADS, DIM, generator=gen), torch.randn(e, KV_HEADS, DIM, generator=gen)) for e in ends]
+    zeros = torch.zeros_like(start)
+    for layer in range(LAYERS):
+        torch.ops.flare.write_kv(
+            k_cache, v_cache, layer, torch.cat([k for k, _ in seqs]), torch.cat([v for _, v in seqs]),
+            page_table, row_slots, start + query_lens, zeros,
+        )
+    capacity = int(query_lens.sum()) + 3  # unused packed capacity at the end
+    q = torch.randn(capacity, HEADS, DIM, generator=gen)
+    out = torch.ops.flare.paged_attention(
+        q, k_cache, v_cache, 1, page_table, row_slots, query_lens, start, 1 / math.sqrt(DIM)
+    )
+    offset = 0
+    for (k, v), length, s in zip(seqs, query_lens.tolist(), start.tolist()):
+        if length:
+            want = _dense_attention(q[offset : offset + length], k, v, s)
+            torch.testing.assert_close(out[offset : offset + length], want, rtol=1e-5, atol=1e-5)
+        offset += length
+    assert torch.all(out[offset:] == 0), "unused packed capacity must stay zero"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_C14_write_kv_touches_exactly_the_addressed_slots(seed):
+    gen, row_slots, query_lens, start = _ragged_case(seed)
+    page_table = _page_table(gen)
+    k_cache = torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen)
+    v_cache = torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    capacity = int(query_lens.sum()) + 5
+    k = torch.randn(capacity, KV_HEADS, DIM, generator=gen)
+    v = torch.randn(capacity, KV_HEADS, DIM, generator=gen)
+    torch.ops.flare.write_kv(k_cache, v_cache, 1, k, v, page_table, row_slots, query_lens, start)
+
+    touched = torch.zeros(LAYERS, PAGES, PAGE, dtype=torch.bool)
+    offset = 0
+    for slot, length, s in zip(row_slots.tolist(), query_lens.tolist(), start.tolist()):
+        for i in range(length):
+            page, off = int(page_table[slot, (s + i) // PAGE]), (s + i) % PAGE
+            assert torch.equal(k_cache[1, page, off], k[offset + i])
+            assert torch.equal(v_cache[1, page, off], v[offset + i])
+            touched[1, page, off] = True
+        offset += length
+    assert torch.equal(k_cache[~touched], before_k[~touched])
+    assert torch.equal(v_cache[~touched], before_v[~touched])
+    assert int(touched.sum()) == int(query_lens.sum())
+
+
+def test_C14_inactive_rows_write_nothing():
+    k_cache, v_cache = _empty_cache()
+    page_table = _page_table(torch.Generator().manual_seed(0))
+    row_slots = torch.tensor([2, 2], dtype=torch.int32)  # padding rows may repeat a slot
+    query_lens = torch.zeros(2, dtype=torch.int32)
+    k = torch.ones(4, KV_HEADS, DIM)
+    torch.ops.flare.write_kv(k_cache, v_cache, 0, k, k, page_table, row_slots, query_lens, torch.zeros(2, dtype=torch.int32))
+    assert not k_cache.any() and not v_cache.any()
+
+    pending, seq_lens = torch.arange(SLOTS), torch.arange(SLOTS, dtype=torch.int32)
+    torch.ops.flare.write_slot_state(
+        pending, seq_lens, torch.tensor([1, 3], dtype=torch.int32), torch.tensor([2, 0], dtype=torch.int32),
+        torch.tensor([70, 90]), torch.tensor([7, 9], dtype=torch.int32),
+    )
+    assert pending.tolist() == [0, 70, 2, 3] and seq_lens.tolist() == [0, 7, 2, 3]
+
+
+def test_write_kv_rejects_context_beyond_the_slot_capacity():
+    k_cache, v_cache = _empty_cache()
+    page_table = _page_table(torch.Generator().manual_seed(0))
+    k = torch.zeros(2, KV_HEADS, DIM)
+    one = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="exceeds the slot capacity"):
+        torch.ops.flare.write_kv(
+            k_cache, v_cache, 0, k, k, page_table, one, one * 2, one * (MAX_PAGES * PAGE - 1)
+        )
+
+
+def test_ops_pass_opcheck():
+    gen, row_slots, query_lens, start = _ragged_case(3)
+    page_table = _page_table(gen)
+    k_cache = torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen)
+    v_cache = torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen)
+    tokens = int((query_lens).sum()) + 2
+    k = torch.randn(tokens, KV_HEADS, DIM, generator=gen)
+    q = torch.randn(tokens, HEADS, DIM, generator=gen)
+    meta = (page_table, row_slots, query_lens, start)
+    torch.library.opcheck(torch.ops.flare.write_kv.default, (k_cache, v_cache, 0, k, k, *meta))
+    torch.library.opcheck(torch.ops.flare.paged_attention.default, (q, k_cache, v_cache, 0, *meta, 0.35))
