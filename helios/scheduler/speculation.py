@@ -1,0 +1,205 @@
+"""Per-request acceptance estimates for speculative rounds (spec "Completed confidence and acceptance").
+
+Checklist S5, S6, S8 and the seams S9/S10 use.
+
+For one request and one proposal source ("learned" draft model, "copy" prompt
+lookup) we keep, for every draft depth d = 1, 2, ..., an estimate of the
+prefix survival s_d: the probability that the first d proposals are all
+accepted. Each depth is an aged running mean:
+
+- It starts at the population prior 0.5**d with weight 2. The spec gives that
+  prior for confidence forecasts (S7) and the same starting weight for
+  acceptance (S8) without stating a starting mean for acceptance; issue 3 asks
+  for the same prior here. It says "each extra draft halves the chance", which
+  keeps an untrained request's expected output modest (below 2 at any width)
+  while still letting the first speculative round be tried.
+- An observation v in [0, 1] moves the mean by (v - mean) / w' where
+  w' = min(w + 1, 128): a plain average until 128 observations, then an
+  exponential average with step 1/128 (S8's cap).
+- Weights age by 0.5 ** (tokens / 128) as the request generates tokens (the
+  half-life of S8), so a request's recent behaviour dominates; means of depths
+  that receive no observation stay where they are (S8's unobserved suffixes).
+
+A completed verification round with ``offered`` proposals of which the first
+``accepted`` were accepted gives 1 at depths 1..accepted and 0 at depths
+accepted+1..offered (S6). If the round terminated the request, the rejected
+suffix says nothing about the drafts (the output stopped, it did not reject),
+so only the accepted prefix is observed. Width-one rounds offer nothing and so
+observe nothing. ``observe`` takes per-depth values in [0, 1], so the survival
+products of S10 can replace the binary values unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+PRIOR_WEIGHT = 2.0
+WEIGHT_CAP = 128.0
+HALF_LIFE_TOKENS = 128.0
+OPTIMISM_LOG_TERM = math.log(20.0)  # S9: mean + sqrt(ln 20 / (2 w))
+
+
+def prior_survival(depth: int) -> float:
+    """The population prior for depth d >= 1: 0.5 ** d."""
+    return 0.5**depth
+
+
+@dataclass(slots=True)
+class PrefixEstimate:
+    """One depth's aged mean: probability that this whole prefix is accepted."""
+
+    mean: float
+    weight: float = PRIOR_WEIGHT
+
+    def observe(self, value: float) -> None:
+        self.weight = min(self.weight + 1.0, WEIGHT_CAP)
+        self.mean += (value - self.mean) / self.weight
+
+    def optimistic(self) -> float:
+        """Upper confidence bound min(1, mean + sqrt(ln 20 / (2 w))) (S9)."""
+        if self.weight <= 0.0:
+            return 1.0
+        return min(1.0, self.mean + math.sqrt(OPTIMISM_LOG_TERM / (2.0 * self.weight)))
+
+
+def round_observations(offered: int, accepted: int, terminated: bool) -> tuple[float, ...]:
+    """Binary per-depth observations of one completed round (S6).
+
+    ``offered``: proposals verified for the lane (0 for width one);
+    ``accepted``: length of the accepted prefix (0..offered);
+    ``terminated``: the round ended the request, which censors the rejected suffix.
+    """
+    if offered < 0 or not 0 <= accepted <= offered:
+        raise ValueError(f"need 0 <= accepted <= offered, got accepted={accepted}, offered={offered}")
+    accepted_part = (1.0,) * accepted
+    if terminated:
+        return accepted_part
+    return accepted_part + (0.0,) * (offered - accepted)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputBounds:
+    """What caps one round's output for one lane (S5).
+
+    proposal_depth  proposals the program actually produces (D; copy: supplied prefix)
+    output_remaining tokens the request may still emit (max_tokens left)
+    context_remaining positions left before the context limit
+    """
+
+    proposal_depth: int
+    output_remaining: int
+    context_remaining: int
+
+
+@dataclass(slots=True)
+class PrefixSurvival:
+    """Prefix-survival estimates s_1, s_2, ... for one request and one source.
+
+    Depths are created on demand at their prior, so the estimator has no fixed
+    maximum depth; ``survival(d)`` never raises for d >= 1.
+    """
+
+    depths: list[PrefixEstimate] = field(default_factory=list)
+
+    def _at(self, depth: int) -> PrefixEstimate:
+        if depth < 1:
+            raise ValueError(f"draft depth starts at 1, got {depth}")
+        while len(self.depths) < depth:
+            self.depths.append(PrefixEstimate(prior_survival(len(self.depths) + 1)))
+        return self.depths[depth - 1]
+
+    def survival(self, depth: int) -> float:
+        """Mean estimate of s_depth (used by ordinary selection)."""
+        if depth <= len(self.depths):
+            return self._at(depth).mean
+        if depth < 1:
+            raise ValueError(f"draft depth starts at 1, got {depth}")
+        return prior_survival(depth)
+
+    def weight(self, depth: int) -> float:
+        """Aged weight behind ``survival(depth)`` (how informed that prefix is)."""
+        return self._at(depth).weight if depth <= len(self.depths) else PRIOR_WEIGHT
+
+    def optimistic(self, depth: int) -> float:
+        """S9's bounded optimistic estimate for funded acceptance learning."""
+        return self._at(depth).optimistic()
+
+    def observe(self, values: Sequence[float]) -> None:
+        """One completed round: ``values[d - 1]`` is the observation at depth d.
+
+        Binary values come from ``round_observations``; survival products
+        (cumulative min(1, p/q), S10) may be passed instead. Depths beyond
+        ``len(values)`` are untouched.
+        """
+        for depth, value in enumerate(values, start=1):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"acceptance observation at depth {depth} must be in [0, 1], got {value!r}")
+            self._at(depth).observe(value)
+
+    def age(self, generated_tokens: int) -> None:
+        """Decay every depth's weight for tokens the request generated (half-life 128)."""
+        if generated_tokens < 0:
+            raise ValueError(f"generated_tokens must be >= 0, got {generated_tokens}")
+        if generated_tokens == 0:
+            return
+        factor = 0.5 ** (generated_tokens / HALF_LIFE_TOKENS)
+        for estimate in self.depths:
+            estimate.weight *= factor
+
+    def seed(self, means: Sequence[float], weight: float) -> None:
+        """Replace the first ``len(means)`` depths (e.g. a preseeded history)."""
+        for depth, mean in enumerate(means, start=1):
+            if not 0.0 <= mean <= 1.0 or not 0.0 < weight <= WEIGHT_CAP:
+                raise ValueError(f"seed needs means in [0, 1] and 0 < weight <= {WEIGHT_CAP}")
+            estimate = self._at(depth)
+            estimate.mean, estimate.weight = float(mean), float(weight)
+
+    def expected_output(self, width: int, alpha: float, bounds: OutputBounds) -> float:
+        """Expected committed tokens of one round at verification width W (S5).
+
+        1 + sum_{i=1}^{n} s_i ** alpha, where n = min(W - 1, D, L - 1) and
+        L = min(output_remaining, context_remaining). Truncating the sum (rather
+        than clipping the total at L) is the exact expectation of
+        min(1 + accepted, L). Survival cannot rise with depth, so each term uses
+        the running minimum of the means: independently estimated depths can
+        cross when shallow depths were observed more often than deep ones.
+        0 when the request can emit nothing.
+        """
+        limit = min(bounds.output_remaining, bounds.context_remaining)
+        if width < 1 or alpha <= 0:
+            raise ValueError(f"need width >= 1 and alpha > 0, got width={width}, alpha={alpha}")
+        if limit <= 0:
+            return 0.0
+        terms = min(width - 1, bounds.proposal_depth, limit - 1)
+        total, envelope = 1.0, 1.0
+        for depth in range(1, terms + 1):
+            envelope = min(envelope, self.survival(depth))
+            total += envelope**alpha
+        return total
+
+
+@dataclass(slots=True)
+class RequestAcceptance:
+    """A request's acceptance estimates, one ``PrefixSurvival`` per proposal source (S6)."""
+
+    by_source: dict[str, PrefixSurvival] = field(default_factory=dict)
+
+    def source(self, name: str) -> PrefixSurvival:
+        """The estimates for ``name`` ("learned", "copy"), created at the prior."""
+        estimates = self.by_source.get(name)
+        if estimates is None:
+            estimates = self.by_source[name] = PrefixSurvival()
+        return estimates
+
+    def observe_round(self, source: str, offered: int, accepted: int, terminated: bool) -> None:
+        """Fold one completed round's binary outcome into ``source``'s estimates."""
+        observations = round_observations(offered, accepted, terminated)
+        if observations:
+            self.source(source).observe(observations)
+
+    def age(self, generated_tokens: int) -> None:
+        """Age every source by tokens the request generated (any phase, any source)."""
+        for estimates in self.by_source.values():
+            estimates.age(generated_tokens)
