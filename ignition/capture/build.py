@@ -1,0 +1,156 @@
+"""Write a catalog folder from a ``CaptureSource`` (format: docs/catalog-format.md).
+
+Steps, each reported to the observer: stage a folder beside the target, write
+the weight sets once, copy the tokenizer, export every program, write the
+manifest last, then rename the folder into place.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from helios.catalog import MANIFEST_NAME, ArgSpec, Manifest, ProgramEntry, StateSpec, WeightSet, file_sha256
+from helios.scheduler.types import GraphDescriptor
+from ignition.capture.export import export_program
+from ignition.capture.source import CaptureSource
+from ignition.capture.staging import staged_folder
+
+COMPILE_MODES = ("none", "aoti")
+
+
+class CaptureError(ValueError):
+    """Capture cannot proceed: names what is wrong and what would be right."""
+
+
+class CaptureObserver:
+    """Receives progress; the CLI renders it, tests may record it. Default: silent."""
+
+    def step(self, name: str) -> None: ...
+
+    def programs_started(self, total: int) -> None: ...
+
+    def program_done(self, descriptor: GraphDescriptor) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureSummary:
+    path: Path
+    programs_by_kind: Mapping[str, int]
+    total_bytes: int
+    seconds: float
+
+
+def flare_version() -> str:
+    try:
+        return metadata.version("flare")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def write_catalog(
+    source: CaptureSource, out: Path, observer: CaptureObserver | None = None, compile: str = "none"
+) -> CaptureSummary:
+    """Capture ``source`` into the catalog folder ``out``, atomically."""
+    observer = observer or CaptureObserver()
+    if compile != "none":
+        raise CaptureError(f"--compile {compile} is not supported yet; use --compile none (export only)")
+    started = time.perf_counter()
+    with staged_folder(out) as root:
+        observer.step("write weights")
+        weights = _write_weights(root, source.weights)
+        observer.step("copy tokenizer")
+        tokenizer = _copy_tokenizer(root, source)
+        programs = _export_programs(root, source, weights, observer)
+        observer.step("write manifest")
+        manifest = _manifest(source, weights, tokenizer, programs)
+        (root / MANIFEST_NAME).write_text(manifest.dump())
+        total = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    kinds = Counter(p.descriptor.kind.value for p in programs)
+    return CaptureSummary(out, dict(sorted(kinds.items())), total, time.perf_counter() - started)
+
+
+def _write_weights(root: Path, sets: Mapping[str, Mapping[str, torch.Tensor]]) -> tuple[WeightSet, ...]:
+    (root / "weights").mkdir()
+    written = []
+    for name, tensors in sets.items():
+        relative = f"weights/{name}.safetensors"
+        save_file({k: t.detach().contiguous() for k, t in tensors.items()}, root / relative)
+        written.append(WeightSet(name, relative, file_sha256(root / relative), tuple(tensors)))
+    return tuple(written)
+
+
+def _copy_tokenizer(root: Path, source: CaptureSource) -> dict:
+    folder = root / "tokenizer"
+    folder.mkdir()
+    hashes = {}
+    for path in sorted(source.tokenizer_files, key=lambda p: p.name):
+        shutil.copyfile(path, folder / path.name)
+        hashes[path.name] = file_sha256(folder / path.name)
+    return {"reference": source.tokenizer_reference, "files": hashes}
+
+
+def _export_programs(
+    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver
+) -> tuple[ProgramEntry, ...]:
+    (root / "programs").mkdir()
+    observer.step(f"export {len(source.graphs)} programs")
+    observer.programs_started(len(source.graphs))
+    entries = []
+    for descriptor in source.graphs:
+        entries.append(_export_one(root, source, weights, descriptor))
+        observer.program_done(descriptor)
+    return tuple(entries)
+
+
+def _export_one(
+    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], descriptor: GraphDescriptor
+) -> ProgramEntry:
+    relative = f"programs/{descriptor.id}.pt2"
+    spec = source.build(descriptor)
+    exported = export_program(spec, root / relative, {w.name: frozenset(w.keys) for w in weights})
+    orders = {w.name: w.keys for w in weights}
+    for arg in exported.inputs:
+        if arg.weights is not None and exported.weight_orders[arg.name] != orders[arg.weights]:
+            raise CaptureError(f"program {descriptor.id}: input {arg.name!r} orders its weight keys differently "
+                               f"from weight set {arg.weights!r}; programs must share one key order")
+    return ProgramEntry(descriptor, exported.inputs, exported.outputs, relative, file_sha256(root / relative))
+
+
+def _state_tensors(programs: tuple[ProgramEntry, ...]) -> tuple[ArgSpec, ...]:
+    """Persistent state is what programs update in place; every program must agree on its shape."""
+    state: dict[str, ArgSpec] = {}
+    for program in programs:
+        for arg in program.inputs:
+            if not arg.mutated:
+                continue
+            known = state.setdefault(arg.name, arg)
+            if (known.shape, known.dtype) != (arg.shape, arg.dtype):
+                raise CaptureError(f"state tensor {arg.name!r}: program {program.id} uses {arg.dtype}{list(arg.shape)}"
+                                   f" but another uses {known.dtype}{list(known.shape)}; state must be shared")
+    return tuple(state.values())
+
+
+def _manifest(
+    source: CaptureSource, weights: tuple[WeightSet, ...], tokenizer: dict, programs: tuple[ProgramEntry, ...]
+) -> Manifest:
+    return Manifest(
+        flare_version=flare_version(),
+        torch_version=str(torch.__version__),
+        recipe=source.recipe,
+        model=source.model,
+        tokenizer=tokenizer,
+        device=source.device,
+        envelope=source.envelope,
+        state=StateSpec(_state_tensors(programs), source.layout),
+        weights=weights,
+        programs=programs,
+    )

@@ -1,0 +1,125 @@
+"""Export one program spec to a ``.pt2`` file and describe its call signature.
+
+Non-strict ``torch.export`` without ``run_decompositions()``: the in-place cache
+and state updates stay in place (decomposing would functionalize them into a
+full-cache copy per call). ``example_inputs`` is cleared before saving, or the
+file would embed the example weights and caches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from helios.catalog import ArgSpec
+
+
+class ProgramSpecLike(Protocol):
+    """What ``ignition.models.programs.build_program`` returns (duck-typed here)."""
+
+    module: torch.nn.Module
+    example_args: Any
+    input_names: Sequence[str]
+    output_names: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedProgram:
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    weight_orders: Mapping[str, tuple[str, ...]]  # input name -> dict key order it was exported with
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def positional_args(spec: ProgramSpecLike) -> tuple[Any, ...]:
+    """The example arguments in ``input_names`` order (specs may give a dict)."""
+    if isinstance(spec.example_args, Mapping):
+        return tuple(spec.example_args[name] for name in spec.input_names)
+    args = tuple(spec.example_args)
+    if len(args) != len(spec.input_names):
+        raise ValueError(f"{len(args)} example args for {len(spec.input_names)} input names")
+    return args
+
+
+def export_program(spec: ProgramSpecLike, path: Path, weight_sets: Mapping[str, frozenset[str]]) -> ExportedProgram:
+    """Export ``spec`` to ``path``.
+
+    ``weight_sets`` gives each weight set's key names: a dict input is recorded as
+    the set whose keys it holds, so the runtime can rebind it from the catalog.
+    """
+    args = positional_args(spec)
+    ep = torch.export.export(spec.module, args, strict=False)
+    mutated = _mutated_inputs(ep, spec.input_names, args)
+    outputs = _output_specs(ep, spec.output_names)
+    ep.example_inputs = None
+    torch.export.save(ep, path)
+    inputs = tuple(_input_spec(name, arg, mutated, weight_sets) for name, arg in zip(spec.input_names, args))
+    orders = {name: tuple(arg) for name, arg in zip(spec.input_names, args) if isinstance(arg, Mapping)}
+    return ExportedProgram(inputs, outputs, orders)
+
+
+def _input_spec(name: str, arg: Any, mutated: set[str], weight_sets: Mapping[str, frozenset[str]]) -> ArgSpec:
+    if isinstance(arg, Mapping):
+        matches = [set_name for set_name, keys in weight_sets.items() if keys == frozenset(arg)]
+        if not matches:
+            raise ValueError(f"dict input {name!r} matches no weight set's keys ({sorted(weight_sets)})")
+        return ArgSpec(name=name, weights=matches[0])
+    if not isinstance(arg, torch.Tensor):
+        raise ValueError(f"input {name!r} is a {type(arg).__name__}; programs take tensors or weight dicts")
+    return ArgSpec(name, tuple(arg.shape), dtype_name(arg.dtype), mutated=name in mutated)
+
+
+def _leaf_owners(input_names: Sequence[str], args: Sequence[Any]) -> list[str]:
+    """The top-level input each flattened leaf belongs to, in export's flattening order."""
+    owners: list[str] = []
+    for name, arg in zip(input_names, args):
+        owners += [name] * len(torch.utils._pytree.tree_leaves(arg))
+    return owners
+
+
+def _mutated_inputs(ep: torch.export.ExportedProgram, input_names: Sequence[str], args: Sequence[Any]) -> set[str]:
+    """Inputs written in place by some op in the graph (schema alias info marks writes)."""
+    owners = dict(zip(ep.graph_signature.user_inputs, _leaf_owners(input_names, args), strict=True))
+    written: set[str] = set()
+    for node in ep.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        for argument, value in zip(schema.arguments, node.args):
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                written |= {_base(n).name for n in _nodes_in(value)}
+    return {owners[name] for name in written if name in owners}
+
+
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    """Follow views (select, slice, view...) back to the tensor they alias."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        schema = getattr(node.target, "_schema", None)
+        first = schema.arguments[0] if schema is not None and schema.arguments else None
+        if first is None or first.alias_info is None or first.alias_info.is_write:
+            break
+        node = node.args[0]
+    return node
+
+
+def _nodes_in(value: Any) -> list[torch.fx.Node]:
+    return [leaf for leaf in torch.utils._pytree.tree_leaves(value) if isinstance(leaf, torch.fx.Node)]
+
+
+def _output_specs(ep: torch.export.ExportedProgram, output_names: Sequence[str]) -> tuple[ArgSpec, ...]:
+    output_node = next(n for n in ep.graph.nodes if n.op == "output")
+    user = set(ep.graph_signature.user_outputs)
+    values = [n for n in _nodes_in(output_node.args[0]) if n.name in user]
+    if len(values) != len(output_names):
+        raise ValueError(f"program returns {len(values)} outputs but names {len(output_names)}: {list(output_names)}")
+    return tuple(
+        ArgSpec(name, tuple(int(d) for d in node.meta["val"].shape), dtype_name(node.meta["val"].dtype))
+        for name, node in zip(output_names, values)
+    )

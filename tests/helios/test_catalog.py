@@ -1,0 +1,157 @@
+"""helios.catalog: load and validate a captured catalog (issue 2 item 8; C1, C11)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from helios.catalog import FORMAT_VERSION, CatalogError, load
+from ignition.capture import write_catalog
+from ignition.capture.stand_in import StandInProgram, stand_in_inputs, stand_in_source, stand_in_state, stand_in_weights
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("pristine")
+    tokenizer = folder / "tokenizer.json"
+    tokenizer.write_text('{"model": "stand-in"}')
+    write_catalog(stand_in_source(tokenizer), folder / "catalog")
+    return folder / "catalog"
+
+
+@pytest.fixture
+def catalog_dir(pristine, tmp_path) -> Path:
+    """A private copy each test may damage."""
+    return Path(shutil.copytree(pristine, tmp_path / "catalog"))
+
+
+def edit_manifest(root: Path, **changes) -> None:
+    raw = yaml.safe_load((root / "catalog.yaml").read_text())
+    raw.update(changes)
+    (root / "catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def test_loaded_program_equals_eager_and_updates_state_in_place(catalog_dir):
+    catalog = load(catalog_dir)
+    for descriptor in catalog.descriptors:
+        inputs = stand_in_inputs(descriptor)
+        loaded_state, eager_state = stand_in_state(), stand_in_state()
+        for state in (loaded_state, eager_state):
+            state["pending"].copy_(torch.tensor([3, 5, 7, 9]))
+            state["seq_lens"].copy_(torch.tensor([0, 2, 4, 6], dtype=torch.int32))
+        got = catalog.program(descriptor.id)(**inputs, **loaded_state)
+        want = StandInProgram(descriptor.prefill_capacity)(stand_in_weights(), **inputs, **eager_state)
+        assert torch.equal(got["tokens"], want[0]) and torch.equal(got["logits"], want[1])
+        for name in eager_state:
+            assert torch.equal(loaded_state[name], eager_state[name]), f"{descriptor.id}: {name} differs from eager"
+        assert loaded_state["cache"].abs().sum() > 0, "the program must write the caller's cache in place"
+
+
+def test_C11_estimated_duration_is_zero_even_when_the_file_says_otherwise(catalog_dir):
+    raw = yaml.safe_load((catalog_dir / "catalog.yaml").read_text())
+    for program in raw["programs"]:
+        program["estimated_duration_ns"] = 123_456
+    (catalog_dir / "catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    catalog = load(catalog_dir)
+    assert catalog.descriptors and all(d.estimated_duration_ns == 0 for d in catalog.descriptors)
+
+
+def test_C1_descriptors_keep_their_kinds_and_capacities(catalog_dir):
+    by_id = {d.id: d for d in load(catalog_dir).descriptors}
+    assert by_id["prefill_p8"].kind.value == "prefill" and by_id["prefill_p8"].prefill_capacity == 8
+    assert by_id["decode_b4"].kind.value == "decode" and by_id["decode_b4"].batch_capacity == 4
+
+
+def test_other_format_version_is_refused_naming_both_versions(catalog_dir):
+    edit_manifest(catalog_dir, format_version=FORMAT_VERSION + 1)
+    with pytest.raises(CatalogError, match=rf"version {FORMAT_VERSION + 1}.*version {FORMAT_VERSION}"):
+        load(catalog_dir)
+
+
+def test_other_torch_release_is_refused_naming_both(catalog_dir):
+    edit_manifest(catalog_dir, torch_version="2.9.1+cpu")
+    with pytest.raises(CatalogError, match=r"torch 2\.9\.1\+cpu.*torch 2\.13\.0"):
+        load(catalog_dir)
+
+
+def test_same_torch_release_with_another_build_tag_loads(catalog_dir):
+    edit_manifest(catalog_dir, torch_version="2.13.0+cu128")
+    assert load(catalog_dir).descriptors
+
+
+def test_truncated_program_is_refused_naming_the_file(catalog_dir):
+    program = catalog_dir / "programs" / "decode_b4.pt2"
+    program.write_bytes(program.read_bytes()[:1000])
+    with pytest.raises(CatalogError, match=r"decode_b4\.pt2.*truncated or modified"):
+        load(catalog_dir)
+
+
+def test_modified_weights_are_refused_naming_the_file(catalog_dir):
+    weights = catalog_dir / "weights" / "target.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CatalogError, match=r"target\.safetensors"):
+        load(catalog_dir)
+
+
+def test_missing_tokenizer_file_is_refused(catalog_dir):
+    (catalog_dir / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(CatalogError, match=r"tokenizer\.json: missing"):
+        load(catalog_dir)
+
+
+def test_folder_without_manifest_is_not_a_catalog(tmp_path):
+    with pytest.raises(CatalogError, match="not a catalog"):
+        load(tmp_path)
+
+
+def test_malformed_manifest_is_refused(catalog_dir):
+    (catalog_dir / "catalog.yaml").write_text("format_version: 1\nprograms: [\n")
+    with pytest.raises(CatalogError, match="not valid YAML"):
+        load(catalog_dir)
+
+
+def test_programs_materialize_once_and_bind_by_name(catalog_dir):
+    catalog = load(catalog_dir)
+    program = catalog.program("decode_b1")
+    assert catalog.program("decode_b1") is program
+    args = program.bind({**stand_in_state(), **stand_in_inputs(program.entry.descriptor)})
+    assert [type(a) for a in args][0] is dict and list(args[0]) == ["embed", "proj"]
+    with pytest.raises(CatalogError, match="unknown inputs"):
+        program.bind({"bogus": torch.zeros(1)})
+    with pytest.raises(CatalogError, match="no program 'decode_b8'"):
+        catalog.program("decode_b8")
+
+
+def test_state_spec_allocates_the_recorded_state(catalog_dir):
+    state = load(catalog_dir).state.allocate()
+    assert set(state) == {"pending", "seq_lens", "cache"}
+    assert state["seq_lens"].dtype == torch.int32 and state["cache"].shape == (4, 32, 8)
+
+
+def test_a_fresh_process_loads_and_runs_without_importing_ignition(catalog_dir):
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        from helios.catalog import load
+        catalog = load({str(catalog_dir)!r})
+        state = catalog.state.allocate()
+        out = catalog.program("prefill_p8")(prompt_tokens=torch.arange(8), row_slots=torch.tensor([1], dtype=torch.int32), **state)
+        assert int(state["seq_lens"][1]) == 8, state["seq_lens"]
+        assert not [m for m in sys.modules if m.startswith("ignition")], "runtime imported ignition"
+        print("ok", out["tokens"].tolist())
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("ok")
