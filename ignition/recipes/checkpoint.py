@@ -1,0 +1,82 @@
+"""Read a Hugging Face checkpoint folder's config.json into ``ModelDims``.
+
+Only the config is read here (no weights, no torch), so ``ignition plan`` can
+size a catalog for a checkpoint it will never load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ignition.recipes.schema import ARCHITECTURES, ModelDims, RecipeError
+
+_OPTIONAL_KEYS = {"tie_word_embeddings", "head_dim"}
+
+
+def read_model_dims(folder: Path) -> ModelDims:
+    """The dimensions a Qwen3 dense checkpoint's config.json declares."""
+    config = _read_config(folder)
+    model_type = config.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise RecipeError(
+            f"{folder / 'config.json'}: model_type {model_type!r} is not supported; "
+            f"allowed: {', '.join(ARCHITECTURES)} (a dense Qwen3 checkpoint)"
+        )
+    values = {f.name: _value(config, f, folder) for f in dataclasses.fields(ModelDims)}
+    if values["head_dim"] is None:  # older configs leave it implicit
+        values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    if values["tie_word_embeddings"] is None:
+        values["tie_word_embeddings"] = False
+    for f in dataclasses.fields(ModelDims):
+        check = f.metadata.get("check")
+        if check and check(values[f.name]):
+            raise RecipeError(f"{folder / 'config.json'}: {f.name}: {check(values[f.name])}; "
+                              f"allowed: {f.metadata['allowed']}")
+    dims = ModelDims(**values)
+    problem = dims.grouping_problem()
+    if problem:
+        raise RecipeError(f"{folder / 'config.json'}: {problem}")
+    return dims
+
+
+def require_agreement(recipe: str, declared: ModelDims, found: ModelDims, folder: Path) -> None:
+    """A checkpoint given for a recipe with declared dimensions must match them."""
+    for f in dataclasses.fields(ModelDims):
+        want, got = getattr(declared, f.name), getattr(found, f.name)
+        if want != got:
+            raise RecipeError(
+                f"{folder / 'config.json'}: {f.name} is {got!r} but recipe {recipe!r} declares {want!r}; "
+                "use a checkpoint of that shape, or the 'qwen3' recipe for any Qwen3 checkpoint"
+            )
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    if not Path(folder).is_dir():
+        raise RecipeError(f"checkpoint folder {folder} does not exist; allowed: a local Hugging Face folder "
+                          "with config.json, *.safetensors and tokenizer.json")
+    if not path.is_file():
+        raise RecipeError(f"{folder}: no config.json; allowed: a Hugging Face checkpoint folder with config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{path}: not valid JSON ({exc.__class__.__name__}: {exc})".replace("\n", " ")) from None
+    if not isinstance(config, dict):
+        raise RecipeError(f"{path}: expected a JSON object of model settings")
+    return config
+
+
+def _value(config: dict[str, Any], f: dataclasses.Field, folder: Path) -> Any:
+    if f.name not in config:
+        if f.name in _OPTIONAL_KEYS:
+            return None
+        raise RecipeError(f"{folder / 'config.json'}: missing {f.name!r}; allowed: a Qwen3 config that sets it")
+    raw = config[f.name]
+    want = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool}[f.type]
+    ok = isinstance(raw, bool) if want is bool else isinstance(raw, (int, float) if want is float else int)
+    if not ok or (want is not bool and isinstance(raw, bool)):
+        raise RecipeError(f"{folder / 'config.json'}: {f.name} is {raw!r}; allowed: {want.__name__}")
+    return float(raw) if want is float else raw
