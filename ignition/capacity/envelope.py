@@ -72,7 +72,9 @@ class CapacityEnvelope:
         return self.draft_depth > 0
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"prefill_chunk": self.prefill_chunk, "max_width": self.max_width}
+        """Plain JSON/YAML values (lists, not tuples) plus the derived chunk and width."""
+        plain = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        return plain | {"prefill_chunk": self.prefill_chunk, "max_width": self.max_width}
 
 
 def _envelope_problem(env: CapacityEnvelope) -> str | None:
@@ -100,12 +102,8 @@ def _envelope_problem(env: CapacityEnvelope) -> str | None:
 
 def resolve_envelope(recipe: Recipe, options: CapacityOptions) -> CapacityEnvelope:
     """Apply ``options`` over ``recipe``'s capacity defaults and check the result."""
+    check_options(recipe, options)
     defaults = recipe.capacity
-    if options.mixed_prefill and not defaults.mixed_capture:
-        raise CapacityError(
-            f"--mixed-prefill: recipe {recipe.name!r} does not declare mixed capture (checklist C3); "
-            "drop the flag, or use a recipe with mixed_capture: true (e.g. flare-tiny)"
-        )
     concurrency = _pick(options.concurrency, defaults.concurrency)
     drafts = _pick(options.drafts, defaults.drafts)
     return CapacityEnvelope(
@@ -121,6 +119,15 @@ def resolve_envelope(recipe: Recipe, options: CapacityOptions) -> CapacityEnvelo
         proposal_sources=defaults.proposal_sources,
         context_length=recipe.dims.context_length,
     )
+
+
+def check_options(recipe: Recipe, options: CapacityOptions) -> None:
+    """Option errors that need only the recipe's declarations, not its dimensions."""
+    if options.mixed_prefill and not recipe.capacity.mixed_capture:
+        raise CapacityError(
+            f"--mixed-prefill: recipe {recipe.name!r} does not declare mixed capture (checklist C3); "
+            "drop the flag, or use a recipe with mixed_capture: true (e.g. flare-tiny)"
+        )
 
 
 def default_token_capacity(concurrency: int, drafts: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ignition.capacity.envelope import CapacityEnvelope, CapacityOptions, resolve_envelope
+from ignition.capacity.envelope import CapacityEnvelope, CapacityOptions, check_options, resolve_envelope
 from ignition.capacity.mixed import mixed_shapes
 from ignition.capacity.separate import decode_shapes, prefill_shapes, scored_prefill_shapes, speculative_shapes
 from ignition.recipes import Recipe
@@ -79,3 +79,12 @@ def descriptor_to_dict(g: GraphDescriptor) -> dict:
         "max_packed_tokens": g.max_packed_tokens,
         "estimated_duration_ns": g.estimated_duration_ns,
     }
+
+
+def plan_recipe(name_or_path: str, options: CapacityOptions = CapacityOptions(), model=None) -> CapacityPlan:
+    """``ignition plan``: load the recipe, bind ``--model`` if given, plan it."""
+    from ignition.recipes import load_recipe
+
+    recipe = load_recipe(name_or_path)
+    check_options(recipe, options)  # before --model is read: a flag error needs no checkpoint
+    return plan_capacity(recipe.resolve(model), options)

@@ -1,0 +1,181 @@
+"""`ignition`: recipe -> capacity plan -> captured catalog (docs/cli.md).
+
+Every command is thin: parse its arguments, call one library function inside
+``user_errors`` (bad input becomes one ``error:`` line on stderr and exit code
+2; ``ignition --debug ...`` shows the traceback instead), then render with rich.
+The option types below are shared by the commands that take a capacity
+envelope (``plan`` here, ``capture`` beside it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ignition.capacity import CapacityOptions, CapacityPlan
+from ignition.capacity.plan import plan_recipe
+from ignition.recipes import Recipe, list_recipes
+
+USER_ERRORS = (ValueError, OSError)  # RecipeError, CapacityError, CatalogError are ValueErrors
+EXIT_BAD_INPUT = 2
+
+app = typer.Typer(
+    help="Ignition: turn a model recipe into a catalog of prepared fixed-shape programs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# -- options shared by the commands that plan a catalog -----------------------------------------
+RecipeArg = Annotated[str, typer.Argument(help="Recipe name, alias, or path to a recipe .yaml file.")]
+ModelOpt = Annotated[
+    Optional[Path], typer.Option("--model", help="Local Hugging Face checkpoint folder (config.json, ...).")
+]
+ConcurrencyOpt = Annotated[
+    Optional[int], typer.Option("--concurrency", help="Request slots; batch buckets are powers of two through it.")
+]
+PrefillChunkOpt = Annotated[
+    Optional[int], typer.Option("--prefill-chunk", help="Largest prompt bucket (a multiple of 64).")
+]
+DraftsOpt = Annotated[Optional[int], typer.Option("--drafts", help="Draft depth D; 0 plans the ordinary catalog.")]
+TokenCapacityOpt = Annotated[
+    Optional[int],
+    typer.Option("--speculative-token-capacity", help="R: rectangular B*W <= R, ragged P <= R."),
+]
+MixedOpt = Annotated[
+    bool, typer.Option("--mixed-prefill", help="Also plan mixed prefill+decode programs (recipe must declare it).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+
+
+@dataclass(frozen=True, slots=True)
+class CliSettings:
+    debug: bool = False
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
+) -> None:
+    ctx.obj = CliSettings(debug=debug)
+
+
+@contextmanager
+def user_errors(ctx: typer.Context) -> Iterator[None]:
+    """Bad input: one ``error:`` line on stderr, exit 2 (a traceback with --debug)."""
+    try:
+        yield
+    except USER_ERRORS as exc:
+        settings = ctx.find_root().obj
+        if settings is not None and settings.debug:
+            raise
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+def capacity_options(
+    concurrency: int | None, prefill_chunk: int | None, drafts: int | None, token_capacity: int | None, mixed: bool
+) -> CapacityOptions:
+    return CapacityOptions(
+        concurrency=concurrency,
+        prefill_chunk=prefill_chunk,
+        drafts=drafts,
+        speculative_token_capacity=token_capacity,
+        mixed_prefill=mixed,
+    )
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+@app.command()
+def recipes(ctx: typer.Context) -> None:
+    """List the bundled recipes, their aliases and default capacities."""
+    with user_errors(ctx):
+        found = list_recipes()
+    Console().print(_recipes_table(found))
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    recipe: RecipeArg,
+    model: ModelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    prefill_chunk: PrefillChunkOpt = None,
+    drafts: DraftsOpt = None,
+    speculative_token_capacity: TokenCapacityOpt = None,
+    mixed_prefill: MixedOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show every program a capture would produce, without capturing."""
+    options = capacity_options(concurrency, prefill_chunk, drafts, speculative_token_capacity, mixed_prefill)
+    with user_errors(ctx):
+        result = plan_recipe(recipe, options, model=model)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_plan(result)
+
+
+def main() -> None:
+    """Console-script entry point (``ignition``)."""
+    app()
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def _recipes_table(found: list[Recipe]) -> Table:
+    table = Table(title="Recipes")
+    for column in ("name", "aliases", "architecture", "checkpoint", "concurrency", "prompt buckets",
+                   "drafts", "proposals", "mixed"):
+        table.add_column(column, no_wrap=column in ("name", "aliases"))
+    for r in found:
+        cap = r.capacity
+        table.add_row(
+            r.name, ", ".join(r.aliases) or "-", r.architecture,
+            "bundled" if r.target.checkpoint else "--model PATH", str(cap.concurrency),
+            ", ".join(map(str, cap.prompt_buckets)), str(cap.drafts),
+            ", ".join(cap.proposal_sources) or "-", "yes" if cap.mixed_capture else "no",
+        )
+    return table
+
+
+def _print_plan(result: CapacityPlan) -> None:
+    console = Console()
+    envelope = Table(title=f"Capacity envelope: {result.recipe}", show_header=False)
+    for key, value in result.envelope.to_dict().items():
+        envelope.add_row(key, str(list(value) if isinstance(value, tuple) else value))
+    console.print(envelope)
+    console.print(_shapes_table(result))
+    counts = ", ".join(f"{kind} {n}" for kind, n in result.counts_by_kind().items())
+    console.print(f"{len(result.graphs)} programs ({counts}); max packed tokens {result.max_packed_tokens}")
+
+
+def _shapes_table(result: CapacityPlan) -> Table:
+    """One row per program; the id already names its kind (see docs/cli.md)."""
+    table = Table(title="Programs")
+    table.add_column("id", no_wrap=True)
+    for column in ("B", "D", "W", "P", "prompt", "packed"):
+        table.add_column(column, justify="right", min_width=len(column))
+    table.add_column("value source", overflow="fold")
+    table.add_column("flags", overflow="fold")
+    for g in result.graphs:
+        flags = " ".join(word for on, word in ((g.ragged, "ragged"), (g.speculation_enabled, "spec")) if on)
+        numbers = (g.batch_capacity, g.proposal_depth, g.width, g.aggregate, g.prefill_capacity, g.max_packed_tokens)
+        table.add_row(g.id, *map(str, numbers), g.value_source.value if g.value_source else "", flags)
+    return table
+
+
+if __name__ == "__main__":
+    main()
