@@ -5,11 +5,40 @@ Time enters only through ``Scheduler.advance_to(now_ns)`` and the
 server, in the tests and on the simulator's discrete-event clock.
 """
 
+from helios.scheduler.config import PolicyConfig
+from helios.scheduler.core import Scheduler
 from helios.scheduler.types import (
+    AdmitRequest,
+    CompletionRecord,
     CostKey,
+    ExecutionTiming,
+    Fence,
+    GeneratedToken,
     GraphDescriptor,
     GraphKind,
+    LanePhase,
+    PlannedLane,
+    RequestHandle,
+    ScheduledPlan,
+    SelectionReason,
     ValueSource,
 )
 
-__all__ = ["CostKey", "GraphDescriptor", "GraphKind", "ValueSource"]
+__all__ = [
+    "AdmitRequest",
+    "CompletionRecord",
+    "CostKey",
+    "ExecutionTiming",
+    "Fence",
+    "GeneratedToken",
+    "GraphDescriptor",
+    "GraphKind",
+    "LanePhase",
+    "PlannedLane",
+    "PolicyConfig",
+    "RequestHandle",
+    "ScheduledPlan",
+    "Scheduler",
+    "SelectionReason",
+    "ValueSource",
+]

@@ -1,0 +1,659 @@
+"""The Scheduler: request state, the two-frame execution queue, commit and completion.
+
+API additions beyond DESIGN.md (additive; nothing renamed or removed):
+- ``Scheduler.observe_duration(graph_id_or_key, device_ns)`` feeds one device
+  interval through the normal cost path (the simulator's measured catalog).
+- ``Scheduler.now_ns``, ``Scheduler.queued_fences``, ``Scheduler.is_active(h)``
+  and ``Scheduler.request_view(h)`` are read-only conveniences for drivers/tests.
+- ``complete_packed_round(fence, records, timing, confidence)``: ``confidence``
+  is one sequence of joint prefix probabilities per record (rank zero's rows of
+  the sidecar), or None; ``*_with_survival`` variants take ``survival`` the same
+  way. Both are validated; forecasts (S7) and survival observations (S10) are
+  the next issue's and are not applied yet.
+
+Life of a request: ``admit`` gives a slot and a generation; while prompt is
+left it competes as a prompter; a completion that consumes the last prompt
+token makes it a decoder (A7: only then); every completion updates committed
+counters, service history and acceptance; a finished or cancelled request keeps
+its slot until the last frame naming it completes, so no later occupant of the
+slot is ever charged for it (A1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from helios.scheduler import policy as pol
+from helios.scheduler import rounds
+from helios.scheduler.config import PolicyConfig
+from helios.scheduler.cost import CostModel
+from helios.scheduler.service import (
+    DeliveryFamily,
+    FrameService,
+    ServiceHistory,
+    ShapeTiming,
+    fair_token_rate,
+    reference_interval_ms,
+    token_normalizer,
+)
+from helios.scheduler.speculation import RequestAcceptance
+from helios.scheduler.types import (
+    GENERATION_KINDS,
+    AdmitRequest,
+    CompletionRecord,
+    CostKey,
+    ExecutionTiming,
+    Fence,
+    GeneratedToken,
+    GraphDescriptor,
+    GraphKind,
+    LanePhase,
+    PlannedLane,
+    RequestHandle,
+    ScheduledPlan,
+)
+
+FRAME_SLOTS = 2  # A7: the transport holds two frames
+PROPOSAL_SOURCES = ("learned", "copy")
+
+
+# ---------------------------------------------------------------------------
+# Request state: one object per request
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RequestState:
+    handle: RequestHandle
+    request: AdmitRequest
+    family: DeliveryFamily
+    service: ServiceHistory
+    acceptance: RequestAcceptance
+    admitted_ns: int
+    prompt_done: int  # committed prompt position (cached prefix included)
+    produced: int = 0  # committed output tokens
+    survival: dict[str, tuple[float, ...]] = field(default_factory=dict)  # selection means per source
+    last_output_ns: int | None = None  # last visible publication (output age)
+    decoder_since_ns: int | None = None  # when the prompt finished (age before any output)
+    last_selected_ns: int = -1  # last commit naming it (tie order: least recently used)
+    queued_prompt: int = 0  # prompt tokens in submitted, uncompleted frames
+    queued_output: int = 0  # A11 bound on output tokens in those frames
+    inflight: int = 0  # submitted, uncompleted frames with a lane for it
+    cancelled: bool = False
+    finished: bool = False
+
+    @property
+    def phase(self) -> LanePhase:
+        return LanePhase.PROMPT if self.prompt_done < self.request.prompt_tokens else LanePhase.DECODE
+
+    @property
+    def live(self) -> bool:
+        """Runnable: neither cancelled nor finished."""
+        return not (self.cancelled or self.finished)
+
+    def room(self) -> int:
+        """Output tokens it may still commit beyond everything already submitted."""
+        r = self.request
+        return rounds.output_room(r.max_tokens, r.context_limit, r.prompt_tokens, self.produced + self.queued_output)
+
+    def next_endpoint_distance(self, position: int) -> int:
+        remaining = self.request.prompt_tokens - position
+        ahead = [e - position for e in self.request.endpoints if e > position]
+        return min(ahead, default=remaining)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """Read-only numbers about one request (for drivers and tests)."""
+
+    phase: LanePhase
+    prompt_done: int
+    produced: int
+    token_rate: float
+    delivery_rate: float | None
+    inflight: int
+
+
+# ---------------------------------------------------------------------------
+# Submitted frames
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A committed plan awaiting completion, with what accounting needs (A1, A10)."""
+
+    fence: Fence
+    plan: ScheduledPlan
+    participants: tuple[RequestHandle, ...]
+    normalizer: float | None
+    end_ns: int  # expected end: planning start of the next frame (A9)
+    queued: bool  # committed behind another frame: its service interval is the device one (A3)
+
+    def lane_for(self, handle: RequestHandle) -> PlannedLane | None:
+        for lane in self.plan.lanes:
+            if lane.handle == handle:
+                return lane
+        return None
+
+
+def lane_output_bound(lane: PlannedLane, graph: GraphDescriptor) -> int:
+    """Most output tokens a lane may commit (A11 for prefix-limit rows)."""
+    if lane.phase is LanePhase.PROMPT:
+        return 1 if lane.finishes_prompt else 0
+    if lane.ceiling:
+        return rounds.queued_advance(lane.ceiling, graph)
+    return lane.query_length
+
+
+# ---------------------------------------------------------------------------
+# The scheduler
+# ---------------------------------------------------------------------------
+
+
+class Scheduler:
+    """Chooses, commits and accounts prepared-graph executions (see module docstring)."""
+
+    def __init__(
+        self,
+        graphs: Sequence[GraphDescriptor],
+        *,
+        request_slots: int,
+        policy: PolicyConfig | None = None,
+    ) -> None:
+        if not 1 <= request_slots <= pol.MAX_REQUEST_SLOTS:
+            raise ValueError(f"request_slots must be in 1..{pol.MAX_REQUEST_SLOTS} (U11), got {request_slots}")
+        ids = [g.id for g in graphs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("graph ids must be unique in one catalog")
+        self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
+        self._by_id = {g.id: g for g in self.graphs}
+        self.request_slots = request_slots
+        self.policy = policy or PolicyConfig()
+        self.cost = CostModel(self.policy.estimate_ttl_ns)
+        self.now_ns = 0
+        self._slots: list[RequestState | None] = [None] * request_slots
+        self._generation = 0
+        self._frames: list[Frame] = []
+        self._last_fence: Fence | None = None
+        self._max_depth = max((g.proposal_depth for g in self.graphs), default=0)
+        self._admitted_any = False
+
+    # -- configuration and clock -------------------------------------------
+
+    def configure_policy(self, policy: PolicyConfig) -> None:
+        if self._admitted_any:
+            raise ValueError("configure_policy must be called before the first admission")
+        self.policy = policy
+        self.cost.ttl_ns = policy.estimate_ttl_ns
+
+    def advance_to(self, now_ns: int) -> None:
+        if now_ns < self.now_ns:
+            raise ValueError(f"advance_to is monotonic: {now_ns} ns is before the current {self.now_ns} ns")
+        self.now_ns = now_ns
+
+    def observe_duration(self, graph: str | CostKey | GraphDescriptor, device_ns: int) -> None:
+        """One device interval through the normal cost path (e.g. a measured catalog at t=0)."""
+        self.cost.observe(self._cost_key(graph), device_ns, 0, self.now_ns)
+
+    def _cost_key(self, graph: str | CostKey | GraphDescriptor) -> CostKey:
+        if isinstance(graph, CostKey):
+            return graph
+        if isinstance(graph, GraphDescriptor):
+            return graph.cost_key()
+        if graph not in self._by_id:
+            raise ValueError(f"unknown graph id {graph!r}; the catalog has {sorted(self._by_id)[:8]}...")
+        return self._by_id[graph].cost_key()
+
+    # -- admission and cancellation ----------------------------------------
+
+    def admit(self, request: AdmitRequest) -> RequestHandle:
+        _validate_admission(request)
+        slot = next((i for i, s in enumerate(self._slots) if s is None), None)
+        if slot is None:
+            raise ValueError(f"no free request slot (all {self.request_slots} are owned)")
+        self._generation += 1
+        handle = RequestHandle(slot, self._generation)
+        residents = 1 + sum(1 for s in self._slots if s is not None and s.live)
+        state = RequestState(
+            handle=handle,
+            request=request,
+            family=self._family_of(request),
+            service=ServiceHistory.starting_at(fair_token_rate(self._normalizer(), residents)),
+            acceptance=RequestAcceptance(),
+            admitted_ns=self.now_ns,
+            # at least the last prompt token is computed: it yields the first output
+            prompt_done=min(request.cached_tokens, request.prompt_tokens - 1),
+        )
+        self._refresh_survival(state)
+        self._slots[slot] = state
+        self._admitted_any = True
+        return handle
+
+    def cancel(self, handle: RequestHandle) -> None:
+        """Stop selecting the request now; its slot frees after its last submitted fence (A6)."""
+        state = self._state(handle)
+        state.cancelled = True
+        self._release_if_idle(state)
+
+    def is_active(self, handle: RequestHandle) -> bool:
+        state = self._lookup(handle)
+        return state is not None and state.live
+
+    def request_view(self, handle: RequestHandle) -> RequestView:
+        s = self._state(handle)
+        return RequestView(s.phase, s.prompt_done, s.produced, s.service.token_rate, s.service.delivery_rate, s.inflight)
+
+    @property
+    def queued_fences(self) -> tuple[Fence, ...]:
+        return tuple(f.fence for f in self._frames)
+
+    def _lookup(self, handle: RequestHandle) -> RequestState | None:
+        if not 0 <= handle.slot < self.request_slots:
+            return None
+        state = self._slots[handle.slot]
+        return state if state is not None and state.handle == handle else None
+
+    def _state(self, handle: RequestHandle) -> RequestState:
+        state = self._lookup(handle)
+        if state is None or not state.live:
+            raise ValueError(f"{handle} is not an active request (finished, cancelled or never admitted)")
+        return state
+
+    def _release_if_idle(self, state: RequestState) -> None:
+        if state.inflight == 0 and not state.live and self._slots[state.handle.slot] is state:
+            self._slots[state.handle.slot] = None
+
+    def _family_of(self, request: AdmitRequest) -> DeliveryFamily:
+        for source in request.proposal_sources:
+            family = DeliveryFamily(source)
+            if any(family.serves(g) for g in self.graphs):
+                return family
+        return DeliveryFamily(None)
+
+    def _refresh_survival(self, state: RequestState) -> None:
+        """Cache selection means per source, nonincreasing in depth (S5)."""
+        for source in state.request.proposal_sources:
+            estimates = state.acceptance.source(source)
+            means, envelope = [], 1.0
+            for depth in range(1, self._max_depth + 1):
+                envelope = min(envelope, estimates.survival(depth))
+                means.append(envelope)
+            state.survival[source] = tuple(means)
+
+    # -- planning -----------------------------------------------------------
+
+    def plan(self) -> ScheduledPlan | None:
+        """The best plan if it may be committed now; None otherwise (A7-A9)."""
+        if not self._queue_accepts_more():
+            return None
+        timings = self._timings()
+        start_ns = max(self.now_ns, self._frames[-1].end_ns) if self._frames else self.now_ns
+        population = self._population(start_ns, timings)
+        choice = pol.select(self.graphs, timings, population)
+        if choice is None:
+            return None
+        if self._frames and choice.requires_feedback:
+            return None  # A8: wait for the empty window rather than queue lower-value work
+        return ScheduledPlan(
+            graph=choice.graph,
+            lanes=choice.lanes,
+            reason=choice.reason,
+            estimated_duration_ns=choice.timing.duration_ns,
+            scaled_value_rate=pol.scaled_rate(choice),
+            log_scale=choice.log_scale,
+            prefill_row=choice.prefill_row,
+            requires_feedback=choice.requires_feedback,
+        )
+
+    def _queue_accepts_more(self) -> bool:
+        if len(self._frames) >= FRAME_SLOTS:
+            return False
+        if not self._frames:
+            return True
+        last = self._frames[-1]
+        # A9: an overrun suspends queueing until completion feedback arrives
+        return not last.plan.requires_feedback and self.now_ns <= last.end_ns
+
+    def _timings(self) -> list[pol.GraphTiming]:
+        now = self.now_ns
+        out = []
+        for g in self.graphs:
+            key = g.cost_key()
+            out.append(pol.GraphTiming(self.cost.estimate_ns(key), not self.cost.is_stale(key, now)))
+        return out
+
+    def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
+        """Columnar snapshot with prices and ages projected to ``start_ns`` (A10)."""
+        live = sorted((s for s in self._slots if s is not None and s.live), key=lambda s: s.last_selected_ns)
+        decoders = [s for s in live if s.phase is LanePhase.DECODE and s.room() > 0]
+        sigmas = self._reference_intervals(decoders, timings)
+        c = self.policy.decode_age_price
+        dec, prm = pol.Decoders(), pol.Prompters()
+        for s in live:
+            history, delivered_ns = self._projected(s)
+            sigma = sigmas.get(s.family)
+            prices = history.prices(self.policy, delivery_fallback_rate=1.0 / sigma if sigma else 1.0)
+            if s.phase is LanePhase.DECODE:
+                if s.room() <= 0:
+                    continue
+                reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
+                age_ms = max(0.0, (start_ns - reference) / 1e6)
+                slope = c * sigma if sigma else 0.0
+                dec.handle.append(s.handle)
+                dec.token_price.append(prices.output_token)
+                dec.delivery_price.append(prices.delivery)
+                dec.age_credit.append(slope * age_ms)
+                dec.age_slope.append(slope)
+                dec.room.append(s.room())
+                dec.survival.append(s.survival)
+                dec.recency.append(s.last_selected_ns)
+            elif s.queued_prompt == 0:
+                position = s.prompt_done
+                prm.handle.append(s.handle)
+                prm.start.append(position)
+                prm.remaining.append(s.request.prompt_tokens - position)
+                prm.to_endpoint.append(s.next_endpoint_distance(position))
+                prm.price.append(prices.prefill_token)
+                prm.first_token.append(prices.output_token if s.room() > 0 else 0.0)
+                prm.recency.append(s.last_selected_ns)
+        return pol.Population(dec, prm, c * len(decoders), self.policy.adaptive_verification_alpha)
+
+    def _projected(self, state: RequestState) -> tuple[ServiceHistory, int | None]:
+        """Copy of the history advanced through queued frames, and its expected delivery time."""
+        history, delivered = state.service, None
+        for frame in self._frames:
+            if state.handle not in frame.participants:
+                continue
+            lane = frame.lane_for(state.handle)
+            tokens = 0.0 if lane is None else lane.expected_tokens + lane.prompt_tokens
+            deliveries = 1.0 if lane is not None and lane.phase is LanePhase.DECODE else 0.0
+            duration_ms = max(frame.plan.estimated_duration_ns, 1) / 1e6
+            history = history.projected(FrameService(tokens, deliveries, duration_ms), self.policy.adaptation_ms)
+            if deliveries:
+                delivered = frame.end_ns
+        return history, delivered
+
+    def _reference_intervals(self, decoders: Sequence[RequestState], timings) -> dict[DeliveryFamily, float]:
+        """sigma per delivery family (U5), from measured programs serving that family."""
+        total = len(decoders)
+        counts: dict[DeliveryFamily, int] = {}
+        for s in decoders:
+            counts[s.family] = counts.get(s.family, 0) + 1
+        out = {}
+        for family, k in counts.items():
+            shapes = [
+                ShapeTiming(t.duration_ns / 1e6, g.batch_capacity)
+                for g, t in zip(self.graphs, timings)
+                if t.known and family.serves(g)
+            ]
+            sigma = reference_interval_ms(total, k, shapes)
+            if sigma is not None:
+                out[family] = sigma
+        return out
+
+    def _normalizer(self) -> float | None:
+        return token_normalizer((g, self.cost.estimate_ns(g.cost_key())) for g in self.graphs)
+
+    # -- commit -------------------------------------------------------------
+
+    def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
+        """Check ownership, epochs, room and feedback dependencies; then submit (A6)."""
+        self._check_commit(plan, fence)
+        queued = bool(self._frames)
+        start_ns = max(self.now_ns, self._frames[-1].end_ns) if queued else self.now_ns
+        participants = tuple(s.handle for s in self._slots if s is not None and s.live)
+        for lane in plan.lanes:
+            state = self._state(lane.handle)
+            state.inflight += 1
+            state.queued_prompt += lane.prompt_tokens
+            state.queued_output += lane_output_bound(lane, plan.graph)
+            state.last_selected_ns = self.now_ns
+        self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
+        self._frames.append(
+            Frame(fence, plan, participants, self._normalizer(), start_ns + plan.estimated_duration_ns, queued)
+        )
+        self._last_fence = fence
+
+    def _check_commit(self, plan: ScheduledPlan, fence: Fence) -> None:
+        if self._last_fence is not None and fence <= self._last_fence:
+            raise ValueError(f"fences must strictly increase: {fence} after {self._last_fence}")
+        if plan.graph.id not in self._by_id or self._by_id[plan.graph.id] != plan.graph:
+            raise ValueError(f"plan graph {plan.graph.id!r} is not in this scheduler's catalog")
+        if len(self._frames) >= FRAME_SLOTS:
+            raise ValueError("both frame slots are occupied; complete a frame before committing")
+        if self._frames:
+            if self._frames[-1].plan.requires_feedback or plan.requires_feedback:
+                raise ValueError("this plan or the queued one needs completion feedback: commit after the queue drains")
+            if self.cost.requires_feedback(plan.graph.cost_key(), self.now_ns):
+                raise ValueError(f"{plan.graph.id}'s cost went stale since planning (D5); replan after the queue drains")
+        seen = set()
+        for lane in plan.lanes:
+            if lane.handle in seen:
+                raise ValueError(f"plan names {lane.handle} twice")
+            seen.add(lane.handle)
+            self._check_lane_current(lane, plan)
+
+    def _check_lane_current(self, lane: PlannedLane, plan: ScheduledPlan) -> None:
+        state = self._state(lane.handle)
+        if lane.phase is LanePhase.PROMPT:
+            expected_start = state.prompt_done + state.queued_prompt
+            if lane.prompt_start != expected_start or state.phase is not LanePhase.PROMPT:
+                raise ValueError(
+                    f"stale plan: {lane.handle} prompt lane starts at {lane.prompt_start}, request is at {expected_start}"
+                )
+        elif state.phase is not LanePhase.DECODE or state.room() < 1:
+            raise ValueError(f"stale plan: {lane.handle} cannot decode now (phase {state.phase.value}, room {state.room()})")
+
+    # -- completion -----------------------------------------------------------
+
+    def complete(
+        self, fence: Fence, records: Sequence[CompletionRecord], timing: ExecutionTiming
+    ) -> list[GeneratedToken]:
+        frame = self._oldest(fence)
+        if rounds.is_prefix_limit(frame.plan.graph):
+            raise ValueError(f"{frame.plan.graph.id} allocates rows on the device: use complete_packed_round")
+        return self._complete(frame, records, timing, None, None)
+
+    def complete_with_survival(self, fence, records, timing, survival) -> list[GeneratedToken]:
+        frame = self._oldest(fence)
+        if rounds.is_prefix_limit(frame.plan.graph):
+            raise ValueError(f"{frame.plan.graph.id} allocates rows on the device: use complete_packed_round_with_survival")
+        return self._complete(frame, records, timing, None, survival)
+
+    def complete_packed_round(self, fence, records, timing, confidence) -> list[GeneratedToken]:
+        frame = self._oldest(fence)
+        if not rounds.is_prefix_limit(frame.plan.graph):
+            raise ValueError(f"{frame.plan.graph.id} is host-allocated: use complete")
+        return self._complete(frame, records, timing, confidence, None)
+
+    def complete_packed_round_with_survival(self, fence, records, timing, confidence, survival):
+        frame = self._oldest(fence)
+        if not rounds.is_prefix_limit(frame.plan.graph):
+            raise ValueError(f"{frame.plan.graph.id} is host-allocated: use complete_with_survival")
+        return self._complete(frame, records, timing, confidence, survival)
+
+    def _oldest(self, fence: Fence) -> Frame:
+        if not self._frames:
+            raise ValueError(f"no submitted frame to complete (fence {fence})")
+        if self._frames[0].fence != fence:
+            raise ValueError(f"completions come in fence order: expected {self._frames[0].fence}, got {fence}")
+        return self._frames[0]
+
+    def _complete(self, frame, records, timing, confidence, survival) -> list[GeneratedToken]:
+        by_handle = validate_completion(frame, records, timing, self._lookup)
+        _validate_sidecar("confidence", confidence, records, frame.plan.graph)
+        _validate_sidecar("survival", survival, records, frame.plan.graph)
+        # everything is valid: from here on, state changes
+        self._frames.pop(0)
+        plan = frame.plan
+        self.cost.observe(plan.graph.cost_key(), timing.device_ns, timing.readiness_delay_ns, self.now_ns)
+        before = {h: self._counters(h) for h in frame.participants}
+        out = []
+        for lane in plan.lanes:
+            state = self._lookup(lane.handle)
+            if state is None:
+                continue
+            token = self._apply_lane(state, lane, plan, by_handle.get(lane.handle), frame.fence)
+            if token is not None:
+                out.append(token)
+        self._record_service(frame, timing, before)
+        for lane in plan.lanes:
+            state = self._lookup(lane.handle)
+            if state is not None:
+                self._release_if_idle(state)
+        # seam (next issue): funded timing refresh (D6/D7) and acceptance learning (D8)
+        # earn their credit here from the measured interval; the plan trace (A12) records it.
+        return out
+
+    def _counters(self, handle: RequestHandle) -> int | None:
+        state = self._lookup(handle)
+        if state is None or state.cancelled:
+            return None
+        return state.prompt_done + state.produced
+
+    def _apply_lane(self, state, lane, plan, record, fence) -> GeneratedToken | None:
+        state.inflight -= 1
+        state.queued_prompt -= lane.prompt_tokens
+        state.queued_output -= lane_output_bound(lane, plan.graph)
+        if record is None or not state.live:
+            return None  # cancelled or finished earlier: nothing is published
+        if lane.phase is LanePhase.PROMPT:
+            state.prompt_done += record.prompt_consumed
+            if state.phase is LanePhase.DECODE:
+                state.decoder_since_ns = self.now_ns
+        else:
+            self._observe_acceptance(state, plan.graph, record)
+        state.produced += len(record.tokens)
+        reason = self._finish_reason(state, record)
+        if reason is not None:
+            state.finished = True
+        if not record.tokens and reason is None:
+            return None
+        return GeneratedToken(state.handle, fence, tuple(record.tokens), reason is not None, reason)
+
+    def _observe_acceptance(self, state: RequestState, graph: GraphDescriptor, record: CompletionRecord) -> None:
+        """S6: only rounds that offered drafts teach acceptance; width-one rounds do not."""
+        if record.offered > 0:
+            source = graph.proposal_source or "learned"
+            accepted = min(record.offered, len(record.tokens) - 1)
+            state.acceptance.observe_round(source, record.offered, accepted, record.terminated)
+            # seam (next issue, S10): survival rows replace these binary observations
+        state.acceptance.age(len(record.tokens))
+        self._refresh_survival(state)
+
+    def _finish_reason(self, state: RequestState, record: CompletionRecord) -> str | None:
+        if record.terminated:
+            return "stop"
+        r = state.request
+        if state.produced >= r.max_tokens or r.prompt_tokens + state.produced >= r.context_limit:
+            return "length"
+        return None
+
+    def _record_service(self, frame: Frame, timing: ExecutionTiming, before) -> None:
+        """A3: one measured interval; service from committed-counter differences."""
+        if timing.device_ns <= 0:
+            return
+        interval_ns = timing.device_ns if frame.queued else max(timing.device_ns, timing.wall_ns)
+        interval_ms = interval_ns / 1e6
+        for handle, start in before.items():
+            state = self._lookup(handle)
+            if start is None or state is None or state.cancelled:
+                continue
+            served = state.prompt_done + state.produced - start
+            state.service.record_interval(frame.fence, served, interval_ms, self.policy.adaptation_ms)
+
+    # -- publication ------------------------------------------------------------
+
+    def published_output(self, handle: RequestHandle, fence: Fence) -> None:
+        """Visible output for ``handle`` from ``fence``: one delivery, and output age resets (A4, A5)."""
+        state = self._lookup(handle)
+        if state is None:
+            if handle.generation > self._generation or handle.generation < 1:
+                raise ValueError(f"{handle} was never admitted")
+            return  # the request already left: nothing to credit
+        state.service.amend_delivery(fence)
+        state.last_output_ns = self.now_ns
+
+
+# ---------------------------------------------------------------------------
+# Validation (A2): everything is checked before anything changes
+# ---------------------------------------------------------------------------
+
+
+def _validate_admission(r: AdmitRequest) -> None:
+    if r.prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be >= 1, got {r.prompt_tokens}")
+    if r.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {r.max_tokens}")
+    if r.context_limit <= r.prompt_tokens:
+        raise ValueError(f"context_limit ({r.context_limit}) must exceed prompt_tokens ({r.prompt_tokens})")
+    if not 0 <= r.cached_tokens <= r.prompt_tokens:
+        raise ValueError(f"cached_tokens must be in 0..prompt_tokens, got {r.cached_tokens}")
+    if any(not 0 < e <= r.prompt_tokens for e in r.endpoints):
+        raise ValueError(f"endpoints must lie in 1..prompt_tokens ({r.prompt_tokens}), got {r.endpoints}")
+    unknown = set(r.proposal_sources) - set(PROPOSAL_SOURCES)
+    if unknown:
+        raise ValueError(f"unknown proposal sources {sorted(unknown)}; expected any of {PROPOSAL_SOURCES}")
+
+
+def validate_completion(frame: Frame, records, timing: ExecutionTiming, lookup) -> dict[RequestHandle, CompletionRecord]:
+    """Every record checked against its lane; raises on the first malformed one."""
+    if timing.device_ns < 0 or timing.wall_ns < 0 or timing.readiness_delay_ns < 0:
+        raise ValueError(f"execution timing must be nonnegative, got {timing}")
+    lanes = {lane.handle: lane for lane in frame.plan.lanes}
+    by_handle: dict[RequestHandle, CompletionRecord] = {}
+    for record in records:
+        if record.handle not in lanes:
+            raise ValueError(f"fence {frame.fence}: record for {record.handle}, which has no lane in the plan")
+        if record.handle in by_handle:
+            raise ValueError(f"fence {frame.fence}: two records for {record.handle}")
+        by_handle[record.handle] = record
+        _validate_record(record, lanes[record.handle], frame.plan.graph)
+    for handle in lanes:
+        state = lookup(handle)
+        if handle not in by_handle and state is not None and state.live:
+            raise ValueError(f"fence {frame.fence}: no record for active lane {handle}")
+    _validate_rows(frame.plan.graph, by_handle.values())
+    return by_handle
+
+
+def _validate_record(record: CompletionRecord, lane: PlannedLane, graph: GraphDescriptor) -> None:
+    where = f"{graph.id} lane {record.handle}"
+    if lane.phase is LanePhase.PROMPT:
+        if record.prompt_consumed != lane.prompt_tokens:
+            raise ValueError(f"{where}: prompt row must consume its scheduled {lane.prompt_tokens} tokens, got {record.prompt_consumed}")
+        if len(record.tokens) > (1 if lane.finishes_prompt else 0) or record.offered:
+            raise ValueError(f"{where}: a prompt row publishes at most one first token and offers no drafts")
+        return
+    if record.prompt_consumed:
+        raise ValueError(f"{where}: a decode row consumes no prompt, got {record.prompt_consumed}")
+    bound = lane_output_bound(lane, graph)
+    if not 1 <= len(record.tokens) <= bound:
+        raise ValueError(f"{where}: a decode row commits 1..{bound} tokens, got {len(record.tokens)}")
+    if not 0 <= record.offered <= min(graph.proposal_depth, max(graph.width - 1, 0)):
+        raise ValueError(f"{where}: offered drafts must be in 0..min(D, W-1), got {record.offered}")
+    if len(record.tokens) > record.offered + 1:
+        raise ValueError(f"{where}: {len(record.tokens)} tokens from {record.offered} offered drafts (at most offered + 1)")
+
+
+def _validate_rows(graph: GraphDescriptor, records) -> None:
+    if graph.kind in GENERATION_KINDS or graph.kind is GraphKind.MIXED:
+        rows = sum(max(1, r.offered + 1) for r in records if not r.prompt_consumed)
+        if rows > graph.target_rows:
+            raise ValueError(f"{graph.id}: records use {rows} target rows, more than P = {graph.target_rows}")
+
+
+def _validate_sidecar(name: str, rows, records, graph: GraphDescriptor) -> None:
+    if rows is None:
+        return
+    if len(rows) != len(records):
+        raise ValueError(f"{name}: one row per record expected ({len(records)}), got {len(rows)}")
+    for row in rows:
+        if row is None:
+            continue
+        if len(row) > graph.proposal_depth:
+            raise ValueError(f"{name}: at most D = {graph.proposal_depth} values per row, got {len(row)}")
+        if any(not 0.0 <= p <= 1.0 for p in row):
+            raise ValueError(f"{name}: values must be probabilities in [0, 1], got {tuple(row)}")

@@ -1,0 +1,595 @@
+"""Candidates and selection (spec "Useful service and selection", "Mixed execution contract").
+
+``select`` takes a columnar snapshot of the runnable population (``Decoders``
+and ``Prompters``, built by the core from request state and prices) and the
+duration knowledge of every prepared graph, and returns the single best
+``Choice``. It never re-sorts per shape: lane values are computed once per
+logical width (decoders) or per prompt capacity (prompters), ranked once, and
+every batch capacity reads the shared prefix sums (U9).
+
+Order of a decision:
+1. best cohort per graph (U9, U10, U13, P7), optimistic work score when the
+   duration is unknown (U8);
+2. prefill exploration filter for unmeasured larger prompt graphs (D4);
+3. dominance pruning of padded alternatives for the same logical work (U12);
+4. unknown beats known, then value, then the tie order (U8).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from helios.scheduler import rounds
+from helios.scheduler.types import (
+    GENERATION_KINDS,
+    GraphDescriptor,
+    GraphKind,
+    LanePhase,
+    PlannedLane,
+    RequestHandle,
+    SelectionReason,
+)
+from helios.scheduler.utility import (
+    AdaptiveLane,
+    RankedLanes,
+    adaptive_orderings,
+    best_constrained_cohort,
+    causal_allocation,
+    decision_log_scale,
+    decode_lane_value,
+    optimistic_work_score,
+    prompt_lane_value,
+    value_rate,
+)
+
+MAX_REQUEST_SLOTS = 64  # U11: selection is bounded to 64 request slots
+
+
+# ---------------------------------------------------------------------------
+# Inputs: a columnar snapshot of the runnable population
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Decoders:
+    """Runnable decoding requests, least recently selected first (U8 tie order).
+
+    token_price     beta + f/x      delivery_price  g/z
+    age_credit      c_i*sigma_i*A_i (A projected to the planning start, A10)
+    age_slope       c_i*sigma_i     (multiplies the graph duration T)
+    room            output tokens the request may still commit after queued work
+    survival        per proposal source, prefix-survival means s_1, s_2, ... (S5)
+    """
+
+    handle: list[RequestHandle] = field(default_factory=list)
+    token_price: list[float] = field(default_factory=list)
+    delivery_price: list[float] = field(default_factory=list)
+    age_credit: list[float] = field(default_factory=list)
+    age_slope: list[float] = field(default_factory=list)
+    room: list[int] = field(default_factory=list)
+    survival: list[Mapping[str, Sequence[float]]] = field(default_factory=list)
+    recency: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.handle)
+
+
+@dataclass(slots=True)
+class Prompters:
+    """Requests with uncached prompt left, least recently selected first.
+
+    start        first prompt position not yet consumed (queued work included)
+    remaining    prompt tokens left
+    to_endpoint  tokens up to the next message/system endpoint or the prompt end
+    price        1 + f/x
+    first_token  value of the one output token a finishing prompt can publish
+    """
+
+    handle: list[RequestHandle] = field(default_factory=list)
+    start: list[int] = field(default_factory=list)
+    remaining: list[int] = field(default_factory=list)
+    to_endpoint: list[int] = field(default_factory=list)
+    price: list[float] = field(default_factory=list)
+    first_token: list[float] = field(default_factory=list)
+    recency: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.handle)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphTiming:
+    """What the cost table knows about one graph at this decision (D2, D5)."""
+
+    duration_ns: int  # 0: unknown
+    fresh: bool
+
+    @property
+    def known(self) -> bool:
+        return self.duration_ns > 0
+
+
+@dataclass(slots=True)
+class Population:
+    decoders: Decoders
+    prompters: Prompters
+    active_age_price: float  # sum of c_i over every active decoder (U6 waiting cost)
+    alpha: float = 1.0  # adaptive_verification_alpha (S5)
+
+
+# ---------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The winning graph and cohort of one decision, before it becomes a plan."""
+
+    graph: GraphDescriptor
+    lanes: tuple[PlannedLane, ...]
+    timing: GraphTiming
+    score: float  # value rate (known) or optimistic work score (unknown)
+    log_scale: float
+    prefill_row: int | None
+
+    @property
+    def reason(self) -> SelectionReason:
+        # seam for the next issue: timing refresh and acceptance learning
+        # selections will set their own reasons here.
+        return SelectionReason.ORDINARY if self.timing.known else SelectionReason.DISCOVERY
+
+    @property
+    def requires_feedback(self) -> bool:
+        return needs_feedback(self.graph, self.timing, self.lanes)
+
+
+def needs_feedback(graph: GraphDescriptor, timing: GraphTiming, lanes: Sequence[PlannedLane]) -> bool:
+    """Whether a plan must run with an empty window and completion feedback (A7, D5).
+
+    Only ordinary decode and complete speculative generation with a fresh
+    measured cost may be queued behind other work; a prompt phase ending inside
+    the plan is a phase transition.
+    """
+    if graph.kind not in GENERATION_KINDS or not timing.known or not timing.fresh:
+        return True
+    return any(lane.phase is LanePhase.PROMPT for lane in lanes)
+
+
+# ---------------------------------------------------------------------------
+# Candidates
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Candidate:
+    index: int  # position in the catalog
+    graph: GraphDescriptor
+    timing: GraphTiming
+    score: float
+    served: int
+    padding: int
+    logical: tuple  # U12: what the candidate does, independent of its physical shape
+    build: Callable[[], tuple[tuple[PlannedLane, ...], int | None]]
+    recency: int = 0
+    magnitude: float = 0.0
+
+    def rank_key(self) -> tuple:
+        return (self.timing.known is False, self.score)
+
+    def tie_key(self) -> tuple:
+        known_time = -self.timing.duration_ns if self.timing.known else 0
+        return (known_time, self.served, -self.recency, -self.padding)
+
+    def capacities(self) -> tuple[int, int, int, int]:
+        g = self.graph
+        return (g.batch_capacity, g.width, g.target_rows, g.prefill_capacity)
+
+
+@dataclass(slots=True)
+class _DecodeRanking:
+    """Decoders eligible for one (proposal source, logical width), ranked once."""
+
+    members: list[int]  # decoder indices, ranking order
+    lengths: list[int]  # query length per member (ranking order)
+    expected: list[float]  # expected committed tokens per member
+    ranked: RankedLanes  # over base values (ranking order == members)
+    slope_prefix: list[float]
+    length_prefix: list[int]
+    keys: dict[int, tuple] = field(default_factory=dict)  # k -> logical key
+
+    def logical(self, k: int) -> tuple:
+        key = self.keys.get(k)
+        if key is None:
+            key = tuple(sorted(zip(self.members[:k], self.lengths[:k])))
+            self.keys[k] = key
+        return key
+
+
+class _Selector:
+    """One decision's caches: rankings per width and per prompt capacity."""
+
+    def __init__(self, population: Population) -> None:
+        self.pop = population
+        self.decode_rankings: dict[tuple[str | None, int], _DecodeRanking] = {}
+        self.prompt_rankings: dict[int, tuple[RankedLanes, list[int]]] = {}
+        self.adaptive_lanes: dict[tuple[str | None, int], list[tuple[int, AdaptiveLane, float]]] = {}
+
+    # -- decoders ---------------------------------------------------------
+
+    def _expected_tokens(self, i: int, source: str | None, length: int) -> float | None:
+        d = self.pop.decoders
+        if length == 1 and source is None:
+            return 1.0
+        survival = d.survival[i].get(source) if source is not None else None
+        if survival is None:
+            return None
+        alpha = self.pop.alpha
+        drafts = sum(s ** alpha for s in survival[: length - 1])
+        return min(float(d.room[i]), 1.0 + drafts)
+
+    def decode_ranking(self, source: str | None, width: int) -> _DecodeRanking:
+        key = (source, width)
+        ranking = self.decode_rankings.get(key)
+        if ranking is None:
+            ranking = self._rank_decoders(source, width)
+            self.decode_rankings[key] = ranking
+        return ranking
+
+    def _rank_decoders(self, source: str | None, width: int) -> _DecodeRanking:
+        d = self.pop.decoders
+        idx, lengths, expected, values = [], [], [], []
+        for i in range(len(d)):
+            if d.room[i] < 1:
+                continue
+            length = max(1, min(width, d.room[i]))
+            e = self._expected_tokens(i, source, length)
+            if e is None:
+                continue
+            idx.append(i)
+            lengths.append(length)
+            expected.append(e)
+            values.append(decode_lane_value(e, d.token_price[i], d.delivery_price[i], 1.0, d.age_credit[i]))
+        ranked = RankedLanes.rank(values)
+        order = ranked.order
+        members = [idx[j] for j in order]
+        slopes = [d.age_slope[i] for i in members]
+        return _DecodeRanking(
+            members=members,
+            lengths=[lengths[j] for j in order],
+            expected=[expected[j] for j in order],
+            ranked=ranked,
+            slope_prefix=_prefix(slopes),
+            length_prefix=_prefix_int([lengths[j] for j in order]),
+        )
+
+    # -- prompters --------------------------------------------------------
+
+    def prompt_ranking(self, capacity: int) -> tuple[RankedLanes, list[int]]:
+        ranking = self.prompt_rankings.get(capacity)
+        if ranking is None:
+            p = self.pop.prompters
+            tokens = [min(capacity, r) for r in p.remaining]
+            values = [
+                prompt_lane_value(t, p.price[i]) + (p.first_token[i] if t == p.remaining[i] else 0.0)
+                for i, t in enumerate(tokens)
+            ]
+            ranking = (RankedLanes.rank(values), tokens)
+            self.prompt_rankings[capacity] = ranking
+        return ranking
+
+
+def _prefix(values: Sequence[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def _prefix_int(values: Sequence[int]) -> list[int]:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def _score(served_value_base: float, slope: float, timing: GraphTiming, active: float) -> float:
+    if not timing.known:
+        return optimistic_work_score(served_value_base)
+    t_ms = timing.duration_ns / 1e6
+    return value_rate(served_value_base + slope * t_ms, t_ms, active)
+
+
+def _proposal_source(graph: GraphDescriptor) -> str | None:
+    """Source whose acceptance prices the graph's rows; None for width-one rows."""
+    if not rounds.draws_proposals(graph):
+        return None
+    return graph.proposal_source or "learned"
+
+
+def _logical_width(graph: GraphDescriptor) -> int:
+    if not rounds.draws_proposals(graph):
+        return 1
+    return min(graph.width, graph.proposal_depth + 1)
+
+
+# ---------------------------------------------------------------------------
+# Per-kind candidates
+# ---------------------------------------------------------------------------
+
+
+def _decode_lanes(sel: _Selector, r: _DecodeRanking, k: int, ceilings: bool) -> list[PlannedLane]:
+    d = sel.pop.decoders
+    return [
+        PlannedLane(
+            handle=d.handle[i],
+            phase=LanePhase.DECODE,
+            query_length=r.lengths[j],
+            ceiling=r.lengths[j] if ceilings else 0,
+            expected_tokens=r.expected[j],
+        )
+        for j, i in enumerate(r.members[:k])
+    ]
+
+
+def _prompt_lane(sel: _Selector, i: int, tokens: int) -> PlannedLane:
+    p = sel.pop.prompters
+    finishes = tokens == p.remaining[i]
+    return PlannedLane(
+        handle=p.handle[i],
+        phase=LanePhase.PROMPT,
+        prompt_start=p.start[i],
+        prompt_tokens=tokens,
+        expected_tokens=1.0 if finishes else 0.0,
+        finishes_prompt=finishes,
+    )
+
+
+def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
+    """Decode and speculative programs: rectangular, constrained ragged or adaptive."""
+    if rounds.is_prefix_limit(graph):
+        return _adaptive_candidate(sel, index, graph, timing)
+    r = sel.decode_ranking(_proposal_source(graph), _logical_width(graph))
+    if not r.members:
+        return None
+    k, base = r.ranked.best(graph.batch_capacity)
+    if graph.ragged and r.length_prefix[k] > graph.target_rows:
+        return _constrained_candidate(sel, index, graph, timing, r)
+    logical = (graph.kind, graph.proposal_depth, r.logical(k))
+    return _Candidate(
+        index=index,
+        graph=graph,
+        timing=timing,
+        score=_score(base, r.slope_prefix[k], timing, sel.pop.active_age_price),
+        served=k,
+        padding=graph.target_rows - r.length_prefix[k],
+        logical=logical,
+        build=lambda: (tuple(_decode_lanes(sel, r, k, False)), None),
+    )
+
+
+def _constrained_candidate(sel, index, graph, timing, r: _DecodeRanking):
+    """Host-allocated ragged program whose P binds: exact best cohort fitting B and P (U9)."""
+    t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
+    n = len(r.members)
+    values = [r.ranked.prefix[j + 1] - r.ranked.prefix[j] + t_ms * (r.slope_prefix[j + 1] - r.slope_prefix[j]) for j in range(n)]
+    total, chosen = best_constrained_cohort(values, r.lengths, graph.batch_capacity, graph.target_rows)
+    if not chosen:
+        return None
+    chosen = tuple(sorted(chosen))  # keep ranking order for the lanes
+    score = value_rate(total, t_ms, sel.pop.active_age_price) if timing.known else optimistic_work_score(total)
+    rows = sum(r.lengths[j] for j in chosen)
+
+    def build():
+        d = sel.pop.decoders
+        return tuple(
+            PlannedLane(
+                handle=d.handle[r.members[j]],
+                phase=LanePhase.DECODE,
+                query_length=r.lengths[j],
+                expected_tokens=r.expected[j],
+            )
+            for j in chosen
+        ), None
+
+    logical = (graph.kind, graph.proposal_depth, tuple(sorted((r.members[j], r.lengths[j]) for j in chosen)))
+    return _Candidate(index, graph, timing, score, len(chosen), graph.target_rows - rows, logical, build)
+
+
+def _adaptive_lanes(sel: _Selector, source: str, width: int):
+    """Prefix-limit lanes for one (source, logical width), built once per decision."""
+    key = (source, width)
+    cached = sel.adaptive_lanes.get(key)
+    if cached is not None:
+        return cached
+    d, alpha = sel.pop.decoders, sel.pop.alpha
+    lanes = []
+    for i in range(len(d)):
+        survival = d.survival[i].get(source)
+        if survival is None or d.room[i] < 1:
+            continue
+        ceiling = max(1, min(width, d.room[i]))
+        s = tuple(survival[: ceiling - 1])
+        base = decode_lane_value(1.0, d.token_price[i], d.delivery_price[i], 1.0, d.age_credit[i])
+        lane = AdaptiveLane(base, d.token_price[i], s, tuple(p ** alpha for p in s), d.handle[i].slot)
+        lanes.append((i, lane, d.age_slope[i]))
+    orders = adaptive_orderings([lane for _, lane, _ in lanes])
+    cached = (lanes, orders)
+    sel.adaptive_lanes[key] = cached
+    return cached
+
+
+def _adaptive_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
+    """Device-allocated program: cohort prefixes under three orderings (U10)."""
+    lanes, orders = _adaptive_lanes(sel, _proposal_source(graph), _logical_width(graph))
+    if not lanes:
+        return None
+    t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
+    limit = min(graph.batch_capacity, graph.target_rows, len(lanes))
+    best, seen = None, set()
+    for order in orders.values():
+        for k in range(1, limit + 1):
+            chosen = tuple(sorted(order[:k]))
+            if chosen in seen:
+                continue
+            seen.add(chosen)
+            taken, value = causal_allocation([lanes[j][1] for j in chosen], graph.target_rows)
+            value += t_ms * sum(lanes[j][2] for j in chosen)
+            if best is None or value > best[0]:
+                best = (value, chosen, taken)
+    value, chosen, taken = best
+    score = value_rate(value, t_ms, sel.pop.active_age_price) if timing.known else optimistic_work_score(value)
+    d = sel.pop.decoders
+
+    def build():
+        out = []
+        for j, rows in zip(chosen, taken):
+            i, lane, _ = lanes[j]
+            expected = min(float(d.room[i]), 1.0 + sum(lane.weights[: rows - 1]))
+            out.append(PlannedLane(d.handle[i], LanePhase.DECODE, query_length=lane.ceiling,
+                                   ceiling=lane.ceiling, expected_tokens=expected))
+        return tuple(out), None
+
+    logical = (graph.kind, graph.proposal_depth, tuple((lanes[j][0], lanes[j][1].ceiling) for j in chosen))
+    return _Candidate(index, graph, timing, score, len(chosen), graph.target_rows - sum(taken), logical, build)
+
+
+def _prefill_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
+    """Prompt rows earn the tokens they can actually consume (U13)."""
+    ranked, tokens = sel.prompt_ranking(graph.prefill_capacity)
+    k, base = ranked.best(graph.batch_capacity)
+    if k == 0:
+        return None
+    rows = ranked.order[:k]
+    used = sum(tokens[i] for i in rows)
+    logical = (graph.kind, tuple(sorted((i, tokens[i]) for i in rows)))
+    return _Candidate(
+        index=index,
+        graph=graph,
+        timing=timing,
+        score=_score(base, 0.0, timing, sel.pop.active_age_price),
+        served=k,
+        padding=graph.prefill_capacity * graph.batch_capacity - used,
+        logical=logical,
+        build=lambda: (tuple(_prompt_lane(sel, i, tokens[i]) for i in rows), None),
+    )
+
+
+def _mixed_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
+    """Best decode-only cohort vs best prompt row plus the best B-1 decoders (P7)."""
+    r = sel.decode_ranking(_proposal_source(graph), _logical_width(graph))
+    active = sel.pop.active_age_price
+    options = []
+    k, base = r.ranked.best(graph.batch_capacity)
+    if k:
+        options.append((_score(base, r.slope_prefix[k], timing, active), None, k, base))
+    ranked, tokens = sel.prompt_ranking(graph.prefill_capacity)
+    if len(ranked) and graph.prefill_capacity:
+        p = ranked.order[0]
+        k2, base2 = r.ranked.best(graph.batch_capacity - 1)
+        value = ranked.prefix[1] + base2
+        options.append((_score(value, r.slope_prefix[k2], timing, active), p, k2, value))
+    if not options:
+        return None
+    score, prompt, k, _ = max(options, key=lambda o: (o[0], o[1] is not None))
+    rows = r.length_prefix[k] + (tokens[prompt] if prompt is not None else 0)
+
+    def build():
+        lanes = _decode_lanes(sel, r, k, False)
+        if prompt is None:
+            return tuple(lanes), None
+        return (_prompt_lane(sel, prompt, tokens[prompt]), *lanes), 0
+
+    prompt_key = None if prompt is None else (prompt, tokens[prompt])
+    logical = (graph.kind, graph.proposal_depth, prompt_key, r.logical(k))
+    served = k + (prompt is not None)
+    padding = graph.max_packed_tokens - rows
+    return _Candidate(index, graph, timing, score, served, padding, logical, build)
+
+
+_CANDIDATES = {
+    GraphKind.DECODE: _generation_candidate,
+    GraphKind.SPECULATIVE: _generation_candidate,
+    GraphKind.PREFILL: _prefill_candidate,
+    GraphKind.MIXED: _mixed_candidate,
+}
+
+
+# ---------------------------------------------------------------------------
+# Filters and the final choice
+# ---------------------------------------------------------------------------
+
+
+def _explores_redundantly(c: _Candidate, sel: _Selector, prefill_sizes: Sequence[int]) -> bool:
+    """D4: an unmeasured prefill graph is skipped when a smaller capacity reaches the same endpoint."""
+    if c.timing.known or c.graph.kind is not GraphKind.PREFILL:
+        return False
+    lanes, _ = c.build()
+    p = sel.pop.prompters
+    slot_to_index = {h.slot: i for i, h in enumerate(p.handle)}
+    capacity = c.graph.prefill_capacity
+    reach = max(min(capacity, p.to_endpoint[slot_to_index[lane.handle.slot]]) for lane in lanes)
+    return any(reach <= size < capacity for size in prefill_sizes)
+
+
+def _dominates(small: tuple[int, ...], large: tuple[int, ...]) -> bool:
+    return small != large and all(a <= b for a, b in zip(small, large))
+
+
+def prune_dominated(candidates: Sequence[_Candidate]) -> list[_Candidate]:
+    """U12: for the same logical work, drop shapes that are only larger (padding)."""
+    groups: dict[tuple, list[_Candidate]] = {}
+    for c in candidates:
+        groups.setdefault(c.logical, []).append(c)
+    kept = []
+    for group in groups.values():
+        for c in group:
+            if not any(_dominates(o.capacities(), c.capacities()) for o in group):
+                kept.append(c)
+    return kept
+
+
+def _recency(c: _Candidate, sel: _Selector) -> int:
+    by_slot = {}
+    for cols in (sel.pop.decoders, sel.pop.prompters):
+        for h, r in zip(cols.handle, cols.recency):
+            by_slot[h.slot] = r
+    lanes, _ = c.build()
+    return max((by_slot[lane.handle.slot] for lane in lanes), default=0)
+
+
+def select(
+    graphs: Sequence[GraphDescriptor],
+    timings: Sequence[GraphTiming],
+    population: Population,
+) -> Choice | None:
+    """The best graph and cohort for the population, or None when nothing can run."""
+    sel = _Selector(population)
+    candidates = []
+    for index, (graph, timing) in enumerate(zip(graphs, timings)):
+        make = _CANDIDATES.get(graph.kind)
+        c = make(sel, index, graph, timing) if make else None
+        if c is not None:
+            candidates.append(c)
+    prefill_sizes = [g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL]
+    candidates = [c for c in candidates if not _explores_redundantly(c, sel, prefill_sizes)]
+    candidates = prune_dominated(candidates)
+    if not candidates:
+        return None
+    top = max(c.rank_key() for c in candidates)
+    tied = [c for c in candidates if c.rank_key() == top]
+    if len(tied) > 1:
+        for c in tied:
+            c.recency = _recency(c, sel)
+    best = max(tied, key=_Candidate.tie_key)
+    lanes, prefill_row = best.build()
+    magnitude = max(abs(c.score) for c in candidates)
+    log_scale = decision_log_scale(magnitude)
+    return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row)
+
+
+def scaled_rate(choice: Choice) -> float:
+    """The winner's score after the decision's common scaling (U7)."""
+    return choice.score * math.exp(choice.log_scale)

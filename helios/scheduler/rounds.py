@@ -1,0 +1,77 @@
+"""Speculative round candidates (spec "Speculative graph coverage"; S1-S4, A11).
+
+How many target rows a decode lane may use in one complete speculative
+program, and what it may reserve and advance while queued. Pure integer
+arithmetic; acceptance estimates and prices come from elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
+
+
+def output_room(max_tokens: int, context_limit: int, prompt_tokens: int, produced: int) -> int:
+    """Output tokens a request may still commit: its output limit and its context (S5)."""
+    return max(0, min(max_tokens - produced, context_limit - prompt_tokens - produced))
+
+
+def is_prefix_limit(graph: GraphDescriptor) -> bool:
+    """The device allocates this program's target rows within P (S2)."""
+    return (
+        graph.value_source is ValueSource.PREFIX_LIMIT
+        and graph.proposal_depth > 0
+        and graph.width > 1
+    )
+
+
+def query_length(graph: GraphDescriptor, room: int) -> int:
+    """Host-fixed target rows of a lane (S1): the full prefix, shortened only by limits.
+
+    The pending token needs one row; the program proposes at most D positions,
+    so D + 1 rows can ever be verified.
+    """
+    return max(1, min(graph.width, graph.proposal_depth + 1, room))
+
+
+def prefix_ceiling(graph: GraphDescriptor, room: int) -> int:
+    """Immutable per-lane ceiling of a prefix-limit program: min(D + 1, W, limit) (S2)."""
+    return max(1, min(graph.proposal_depth + 1, graph.width, room))
+
+
+def queued_advance(ceiling: int, graph: GraphDescriptor) -> int:
+    """Most tokens a queued speculative lane can commit: min(ceiling, P) (A11)."""
+    return min(ceiling, graph.target_rows)
+
+
+def reservation_rows(ceilings: Sequence[int], draft_extent: int) -> int:
+    """Cache positions a prefix-limit round pins: every ceiling plus draft storage (S3).
+
+    Ceilings may sum above P, and the reservation still covers all of them
+    because the device, not the host, decides which lanes grow.
+    """
+    if draft_extent < 0:
+        raise ValueError(f"draft_extent must be >= 0, got {draft_extent}")
+    return sum(ceilings) + draft_extent
+
+
+def is_constrained_ragged(graph: GraphDescriptor, lengths: Sequence[int]) -> bool:
+    """Whether the row budget P can bind on the best B lanes of these lengths (U9).
+
+    Host-allocated ragged programs whose P covers any B lanes at full length
+    behave exactly like rectangular ones and take the highest additive values.
+    """
+    if not graph.ragged:
+        return False
+    widest = sorted(lengths, reverse=True)[: graph.batch_capacity]
+    return sum(widest) > graph.target_rows
+
+
+def serves_decoders(graph: GraphDescriptor) -> bool:
+    return graph.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)
+
+
+def draws_proposals(graph: GraphDescriptor) -> bool:
+    """Rows wider than the pending token need proposals from some source (S4)."""
+    return graph.proposal_depth > 0 and graph.width > 1

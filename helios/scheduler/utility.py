@@ -1,0 +1,249 @@
+"""Value arithmetic and cohort selection (spec "Useful service and selection").
+
+Everything here is a pure function of numbers: lane values in, the best
+cohort and its value rate out. ``policy.py`` builds the lane values from
+request state; this module never sees a request.
+
+Units: value in prompt-token units, durations in milliseconds, value rates in
+value per millisecond.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Sequence
+
+
+# ---------------------------------------------------------------------------
+# Lane values (U3, U6)
+# ---------------------------------------------------------------------------
+
+
+def prompt_lane_value(tokens: int, prompt_price: float) -> float:
+    """Consumed uncached prompt tokens at the request's prefill price (U1, U3)."""
+    return tokens * prompt_price
+
+
+def decode_lane_value(
+    expected_tokens: float,
+    token_price: float,
+    delivery_price: float,
+    age_coefficient: float,
+    age_ms: float,
+) -> float:
+    """Priced output service of one decode lane plus its age credit c*sigma*A (U6).
+
+    ``age_coefficient`` is c_i * sigma_i; the remaining c_i*sigma_i*T part of the
+    age credit depends on the graph and is added by :func:`value_rate`. A lane
+    always delivers one visible burst, whatever its token count (U2).
+    """
+    return expected_tokens * token_price + delivery_price + age_coefficient * age_ms
+
+
+def value_rate(served_value: float, duration_ms: float, active_age_price: float) -> float:
+    """The selection objective for a graph of known duration T (U6).
+
+    ``served_value`` is the whole numerator: priced service plus every served
+    decoder's c*sigma*(A+T). The waiting cost T/2 * sum of c over all active
+    decoders is charged whether or not they are served (U14: it vanishes with
+    no decoder).
+    """
+    if duration_ms <= 0:
+        raise ValueError(f"value_rate needs a positive duration, got {duration_ms} ms")
+    return served_value / duration_ms - 0.5 * duration_ms * active_age_price
+
+
+def optimistic_work_score(served_value: float) -> float:
+    """Score of a graph whose duration is unknown (U8): its useful value, no division."""
+    return served_value
+
+
+# ---------------------------------------------------------------------------
+# Common scaling (U7)
+# ---------------------------------------------------------------------------
+
+
+def decision_log_scale(magnitude: float) -> float:
+    """Natural log of a power-of-two factor bringing ``magnitude`` near one (U7).
+
+    Every value of one decision is multiplied by the same factor, so comparisons
+    are unchanged while very large prices (f/x for a starved request) stay in a
+    comfortable floating-point range.
+    """
+    if not math.isfinite(magnitude) or magnitude <= 0:
+        return 0.0
+    _, exponent = math.frexp(magnitude)
+    return -exponent * math.log(2.0)
+
+
+# ---------------------------------------------------------------------------
+# Cohorts of unconstrained graphs (U9): sort once, prefix sums shared
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankedLanes:
+    """Lanes sorted by value (descending) with prefix sums shared by every batch capacity.
+
+    ``order[j]`` is the index (into the caller's lane list) of the j-th best lane;
+    ``prefix[k]`` the value of the best k lanes.
+    """
+
+    order: tuple[int, ...]
+    prefix: tuple[float, ...]
+
+    @classmethod
+    def rank(cls, values: Sequence[float]) -> "RankedLanes":
+        # ties keep the caller's order, which the caller makes least-recently-used first
+        order = tuple(sorted(range(len(values)), key=values.__getitem__, reverse=True))
+        prefix = (0.0, *accumulate(values[i] for i in order))
+        return cls(order, prefix)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def best(self, capacity: int) -> tuple[int, float]:
+        """How many lanes a graph of ``capacity`` rows serves, and their value."""
+        k = min(capacity, len(self.order))
+        return k, self.prefix[k]
+
+
+# ---------------------------------------------------------------------------
+# Constrained ragged cohorts (U9): fixed lane lengths, count <= B, rows <= P
+# ---------------------------------------------------------------------------
+
+
+def best_constrained_cohort(
+    values: Sequence[float], lengths: Sequence[int], batch: int, rows: int
+) -> tuple[float, tuple[int, ...]]:
+    """Exact best subset with at most ``batch`` lanes and at most ``rows`` total length.
+
+    Lanes of equal length are interchangeable except for value, so within a
+    length group the best j are always its top j. A small dynamic program over
+    (lanes used, rows used) combines the groups; the number of groups is at most
+    the graph width, so this never enumerates request subsets.
+    """
+    groups: dict[int, list[int]] = {}
+    for i, length in enumerate(lengths):
+        groups.setdefault(length, []).append(i)
+    # state: (count, rows) -> (value, picks per group)
+    states: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {(0, 0): (0.0, ())}
+    ranked_groups = []
+    for length, members in sorted(groups.items()):
+        members.sort(key=values.__getitem__, reverse=True)
+        prefix = list(accumulate((values[i] for i in members), initial=0.0))
+        ranked_groups.append((length, members, prefix))
+        states = _extend_states(states, length, prefix, batch, rows)
+    value, picks = max(states.values(), key=lambda s: (s[0], sum(s[1])))
+    chosen = [i for (_, members, _), j in zip(ranked_groups, picks) for i in members[:j]]
+    return value, tuple(chosen)
+
+
+def _extend_states(states, length, prefix, batch, rows):
+    out: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
+    for (count, used), (value, picks) in states.items():
+        for j in range(len(prefix)):
+            c, r = count + j, used + j * length
+            if c > batch or r > rows:
+                break
+            candidate = (value + prefix[j], picks + (j,))
+            if (c, r) not in out or candidate[0] > out[(c, r)][0]:
+                out[(c, r)] = candidate
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Adaptive ragged cohorts (U10): three orderings, causal allocation pricing
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveLane:
+    """One prefix-limit lane as the host prices it.
+
+    base        value of the pending-token row alone (token, delivery, age credit)
+    token_price price of each further expected output token
+    survival    nonincreasing joint prefix probabilities of draft positions 1..ceiling-1
+                (what the device allocates by)
+    weights     the expected tokens each allocated position yields in selection
+                (survival raised to adaptive_verification_alpha)
+    slot        request slot: the device's tie-break after prefix length
+    """
+
+    base: float
+    token_price: float
+    survival: tuple[float, ...]
+    weights: tuple[float, ...]
+    slot: int
+
+    @property
+    def ceiling(self) -> int:
+        return 1 + len(self.survival)
+
+    def full_value(self) -> float:
+        return self.base + self.token_price * sum(self.weights)
+
+
+def causal_allocation(lanes: Sequence[AdaptiveLane], rows: int) -> tuple[tuple[int, ...], float]:
+    """Rows each lane receives from the device's frontier allocation, and their value.
+
+    Every lane holds its pending-token row; the remaining rows go one at a time
+    to the highest joint prefix probability on the causal frontier, ties to the
+    shorter prefix, then the smaller slot (spec S2). Because each lane's
+    probabilities do not increase with depth, the frontier process equals taking
+    the best remaining (probability, depth, slot) entries overall.
+    """
+    spare = rows - len(lanes)
+    if spare < 0:
+        raise ValueError(f"{len(lanes)} lanes do not fit {rows} target rows")
+    entries = (
+        (-p, depth, lane.slot, index)
+        for index, lane in enumerate(lanes)
+        for depth, p in enumerate(lane.survival, start=1)
+    )
+    taken = [1] * len(lanes)
+    value = sum(lane.base for lane in lanes)
+    for _, depth, _, index in heapq.nsmallest(spare, entries):
+        taken[index] += 1
+        lane = lanes[index]
+        value += lane.token_price * lane.weights[depth - 1]
+    return tuple(taken), value
+
+
+ADAPTIVE_ORDERINGS = ("total_value", "pending_delivery", "value_per_row")
+
+
+def adaptive_orderings(lanes: Sequence[AdaptiveLane]) -> dict[str, tuple[int, ...]]:
+    """The three bounded orderings of U10, each a permutation of lane indices."""
+    idx = range(len(lanes))
+    return {
+        "total_value": tuple(sorted(idx, key=lambda i: -lanes[i].full_value())),
+        "pending_delivery": tuple(sorted(idx, key=lambda i: -lanes[i].base)),
+        "value_per_row": tuple(sorted(idx, key=lambda i: -lanes[i].full_value() / lanes[i].ceiling)),
+    }
+
+
+def best_adaptive_cohort(
+    lanes: Sequence[AdaptiveLane], batch: int, rows: int
+) -> tuple[float, tuple[int, ...], tuple[int, ...]]:
+    """Best cohort prefix over the three orderings, priced by its causal allocation.
+
+    Returns (value, chosen lane indices, rows allocated to each chosen lane).
+    Evaluates at most 3 * min(B, P, n) prefixes: bounded, never exponential.
+    """
+    best: tuple[float, tuple[int, ...], tuple[int, ...]] = (0.0, (), ())
+    limit = min(batch, rows, len(lanes))
+    seen: set[tuple[int, ...]] = set()
+    for order in adaptive_orderings(lanes).values():
+        for k in range(1, limit + 1):
+            chosen = tuple(sorted(order[:k]))
+            if chosen in seen:
+                continue
+            seen.add(chosen)
+            taken, value = causal_allocation([lanes[i] for i in chosen], rows)
+            if value > best[0]:
+                best = (value, chosen, taken)
+    return best
