@@ -93,38 +93,55 @@ class OutputBounds:
     context_remaining: int
 
 
+def aging_factor(generated_tokens: int) -> float:
+    """Weight kept after the request generates this many tokens: 0.5 ** (n / 128)."""
+    if generated_tokens < 0:
+        raise ValueError(f"generated_tokens must be >= 0, got {generated_tokens}")
+    return 0.5 ** (generated_tokens / HALF_LIFE_TOKENS)
+
+
+def _check_depth(depth: int) -> None:
+    if depth < 1:
+        raise ValueError(f"draft depth starts at 1, got {depth}")
+
+
 @dataclass(slots=True)
 class PrefixSurvival:
     """Prefix-survival estimates s_1, s_2, ... for one request and one source.
 
-    Depths are created on demand at their prior, so the estimator has no fixed
-    maximum depth; ``survival(d)`` never raises for d >= 1.
+    Depths never observed are not stored: they sit at the prior mean 0.5**d
+    with ``prior_weight``, which starts at 2 and ages like every other weight,
+    so the state depends only on the request's history, never on which depths
+    were read. There is no fixed maximum depth.
     """
 
     depths: list[PrefixEstimate] = field(default_factory=list)
+    prior_weight: float = PRIOR_WEIGHT
 
-    def _at(self, depth: int) -> PrefixEstimate:
-        if depth < 1:
-            raise ValueError(f"draft depth starts at 1, got {depth}")
+    def _estimate(self, depth: int) -> PrefixEstimate:
+        """The stored estimate at ``depth``, or a detached prior one (reads never store)."""
+        _check_depth(depth)
+        if depth <= len(self.depths):
+            return self.depths[depth - 1]
+        return PrefixEstimate(prior_survival(depth), self.prior_weight)
+
+    def _stored(self, depth: int) -> PrefixEstimate:
+        _check_depth(depth)
         while len(self.depths) < depth:
-            self.depths.append(PrefixEstimate(prior_survival(len(self.depths) + 1)))
+            self.depths.append(PrefixEstimate(prior_survival(len(self.depths) + 1), self.prior_weight))
         return self.depths[depth - 1]
 
     def survival(self, depth: int) -> float:
         """Mean estimate of s_depth (used by ordinary selection)."""
-        if depth <= len(self.depths):
-            return self._at(depth).mean
-        if depth < 1:
-            raise ValueError(f"draft depth starts at 1, got {depth}")
-        return prior_survival(depth)
+        return self._estimate(depth).mean
 
     def weight(self, depth: int) -> float:
         """Aged weight behind ``survival(depth)`` (how informed that prefix is)."""
-        return self._at(depth).weight if depth <= len(self.depths) else PRIOR_WEIGHT
+        return self._estimate(depth).weight
 
     def optimistic(self, depth: int) -> float:
         """S9's bounded optimistic estimate for funded acceptance learning."""
-        return self._at(depth).optimistic()
+        return self._estimate(depth).optimistic()
 
     def observe(self, values: Sequence[float]) -> None:
         """One completed round: ``values[d - 1]`` is the observation at depth d.
@@ -136,15 +153,13 @@ class PrefixSurvival:
         for depth, value in enumerate(values, start=1):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"acceptance observation at depth {depth} must be in [0, 1], got {value!r}")
-            self._at(depth).observe(value)
+        for depth, value in enumerate(values, start=1):
+            self._stored(depth).observe(value)
 
     def age(self, generated_tokens: int) -> None:
-        """Decay every depth's weight for tokens the request generated (half-life 128)."""
-        if generated_tokens < 0:
-            raise ValueError(f"generated_tokens must be >= 0, got {generated_tokens}")
-        if generated_tokens == 0:
-            return
-        factor = 0.5 ** (generated_tokens / HALF_LIFE_TOKENS)
+        """Decay every depth's weight, the prior's included, for tokens generated (half-life 128)."""
+        factor = aging_factor(generated_tokens)
+        self.prior_weight *= factor
         for estimate in self.depths:
             estimate.weight *= factor
 
@@ -153,7 +168,7 @@ class PrefixSurvival:
         for depth, mean in enumerate(means, start=1):
             if not 0.0 <= mean <= 1.0 or not 0.0 < weight <= WEIGHT_CAP:
                 raise ValueError(f"seed needs means in [0, 1] and 0 < weight <= {WEIGHT_CAP}")
-            estimate = self._at(depth)
+            estimate = self._stored(depth)
             estimate.mean, estimate.weight = float(mean), float(weight)
 
     def expected_output(self, width: int, alpha: float, bounds: OutputBounds) -> float:
@@ -167,30 +182,41 @@ class PrefixSurvival:
         cross when shallow depths were observed more often than deep ones.
         0 when the request can emit nothing.
         """
+        return self.expected_output_by_width(width, alpha, bounds)[width - 1]
+
+    def expected_output_by_width(self, max_width: int, alpha: float, bounds: OutputBounds) -> tuple[float, ...]:
+        """``expected_output`` for every width 1..max_width in one pass (index W - 1)."""
+        if max_width < 1 or alpha <= 0:
+            raise ValueError(f"need width >= 1 and alpha > 0, got width={max_width}, alpha={alpha}")
         limit = min(bounds.output_remaining, bounds.context_remaining)
-        if width < 1 or alpha <= 0:
-            raise ValueError(f"need width >= 1 and alpha > 0, got width={width}, alpha={alpha}")
         if limit <= 0:
-            return 0.0
-        terms = min(width - 1, bounds.proposal_depth, limit - 1)
-        total, envelope = 1.0, 1.0
+            return (0.0,) * max_width
+        terms = min(max_width - 1, bounds.proposal_depth, limit - 1)
+        totals, envelope = [1.0], 1.0
         for depth in range(1, terms + 1):
             envelope = min(envelope, self.survival(depth))
-            total += envelope**alpha
-        return total
+            totals.append(totals[-1] + envelope**alpha)
+        totals.extend([totals[-1]] * (max_width - len(totals)))  # wider rounds add nothing
+        return tuple(totals)
 
 
 @dataclass(slots=True)
 class RequestAcceptance:
-    """A request's acceptance estimates, one ``PrefixSurvival`` per proposal source (S6)."""
+    """A request's acceptance estimates, one ``PrefixSurvival`` per proposal source (S6).
+
+    A source first used late starts from the prior aged by everything the
+    request generated so far, the same state it would have had if created at
+    admission.
+    """
 
     by_source: dict[str, PrefixSurvival] = field(default_factory=dict)
+    prior_weight: float = PRIOR_WEIGHT
 
     def source(self, name: str) -> PrefixSurvival:
-        """The estimates for ``name`` ("learned", "copy"), created at the prior."""
+        """The estimates for ``name`` ("learned", "copy")."""
         estimates = self.by_source.get(name)
         if estimates is None:
-            estimates = self.by_source[name] = PrefixSurvival()
+            estimates = self.by_source[name] = PrefixSurvival(prior_weight=self.prior_weight)
         return estimates
 
     def observe_round(self, source: str, offered: int, accepted: int, terminated: bool) -> None:
@@ -199,7 +225,23 @@ class RequestAcceptance:
         if observations:
             self.source(source).observe(observations)
 
+    def complete_round(
+        self, source: str | None, generated_tokens: int, offered: int, accepted: int, terminated: bool
+    ) -> None:
+        """Everything one completed round does to the estimates, in order.
+
+        First age every source by the tokens the round committed, then fold in
+        the round's outcome, so the new observation carries full weight.
+        ``source`` None (an ordinary decode round) only ages. ``terminated``:
+        the round ended the request (end of sequence, or a limit cut the
+        accepted prefix), which censors the rejected suffix.
+        """
+        self.age(generated_tokens)
+        if source is not None:
+            self.observe_round(source, offered, accepted, terminated)
+
     def age(self, generated_tokens: int) -> None:
         """Age every source by tokens the request generated (any phase, any source)."""
+        self.prior_weight *= aging_factor(generated_tokens)
         for estimates in self.by_source.values():
             estimates.age(generated_tokens)

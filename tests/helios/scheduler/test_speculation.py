@@ -194,3 +194,43 @@ def test_bad_rounds_are_rejected():
         round_observations(offered=2, accepted=3, terminated=False)
     with pytest.raises(ValueError, match="depth starts at 1"):
         PrefixSurvival().survival(0)
+
+
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=8),
+    st.integers(min_value=1, max_value=9),
+    st.floats(min_value=0.25, max_value=4.0),
+    st.integers(min_value=0, max_value=12),
+)
+def test_S5_all_widths_in_one_pass_agree_with_each_width(means, max_width, alpha, output_left):
+    estimates = PrefixSurvival()
+    estimates.seed(means, weight=16)
+    bounds = OutputBounds(proposal_depth=6, output_remaining=output_left, context_remaining=50)
+    by_width = estimates.expected_output_by_width(max_width, alpha, bounds)
+    assert len(by_width) == max_width
+    for width in range(1, max_width + 1):
+        assert by_width[width - 1] == pytest.approx(estimates.expected_output(width, alpha, bounds))
+
+
+def test_S6_S8_a_completed_round_ages_before_it_observes():
+    acceptance = RequestAcceptance()
+    acceptance.complete_round("learned", generated_tokens=128, offered=1, accepted=1, terminated=False)
+    learned = acceptance.source("learned")
+    assert learned.weight(1) == pytest.approx(2.0 / 2 + 1)  # prior halved, then one observation
+    assert learned.survival(1) == pytest.approx((1.0 * 0.5 + 1.0) / 2.0)
+    acceptance.complete_round(None, generated_tokens=128, offered=0, accepted=0, terminated=False)
+    assert learned.weight(1) == pytest.approx(1.0)  # ordinary rounds only age
+
+
+def test_S8_state_depends_on_history_not_on_what_was_read():
+    read, unread = RequestAcceptance(), RequestAcceptance()
+    read.source("learned").optimistic(6)  # reading a deep depth and a source stores nothing
+    for acceptance in (read, unread):
+        acceptance.complete_round("learned", generated_tokens=256, offered=2, accepted=2, terminated=False)
+        acceptance.complete_round(None, generated_tokens=128, offered=0, accepted=0, terminated=False)
+    for depth in (1, 2, 6):
+        assert read.source("learned").weight(depth) == unread.source("learned").weight(depth)
+    # the prior of a source or depth first used late has aged with the request: 2 * 0.5**3
+    assert read.source("copy").weight(1) == pytest.approx(0.25)
+    assert read.source("learned").weight(6) == pytest.approx(0.25)
+    assert read.source("learned").survival(6) == 0.5**6
