@@ -10,15 +10,17 @@ accepted. Each depth is an aged running mean:
 - It starts at the population prior 0.5**d with weight 2. The spec gives that
   prior for confidence forecasts (S7) and the same starting weight for
   acceptance (S8) without stating a starting mean for acceptance; issue 3 asks
-  for the same prior here. It says "each extra draft halves the chance", which
-  keeps an untrained request's expected output modest (below 2 at any width)
-  while still letting the first speculative round be tried.
+  for the same prior here. Each extra draft halving the chance keeps an
+  untrained request's expected output modest (below 2 at any width) while
+  still letting a first speculative round be tried.
 - An observation v in [0, 1] moves the mean by (v - mean) / w' where
   w' = min(w + 1, 128): a plain average until 128 observations, then an
   exponential average with step 1/128 (S8's cap).
 - Weights age by 0.5 ** (tokens / 128) as the request generates tokens (the
   half-life of S8), so a request's recent behaviour dominates; means of depths
   that receive no observation stay where they are (S8's unobserved suffixes).
+  The prior's own weight ages too, so a depth or source first used late starts
+  as if it had been created at admission.
 
 A completed verification round with ``offered`` proposals of which the first
 ``accepted`` were accepted gives 1 at depths 1..accepted and 0 at depths
@@ -26,7 +28,10 @@ accepted+1..offered (S6). If the round terminated the request, the rejected
 suffix says nothing about the drafts (the output stopped, it did not reject),
 so only the accepted prefix is observed. Width-one rounds offer nothing and so
 observe nothing. ``observe`` takes per-depth values in [0, 1], so the survival
-products of S10 can replace the binary values unchanged.
+products of S10 can replace the binary values unchanged. Confidence
+forecasts (S7, next issue) share the prior, the weights, the cap and the
+aging; they differ in their step toward each completed joint-prefix
+probability, so they belong beside this class, not inside it.
 """
 
 from __future__ import annotations
