@@ -1,0 +1,153 @@
+"""The two-frame execution queue (A6-A11, D5)."""
+
+from __future__ import annotations
+
+import pytest
+from sched_harness import MS, Driver, ask, decode, measured, prefill, spec
+from test_core_lifecycle import TIMING, commit_next, decoding, prompt_records
+
+from helios.scheduler.service import FrameService
+from helios.scheduler import (
+    CompletionRecord,
+    ExecutionTiming,
+    GraphKind,
+    LanePhase,
+    PolicyConfig,
+    SelectionReason,
+    ValueSource,
+)
+
+P64, P512, D1, D2 = prefill(64), prefill(512), decode(1), decode(2)
+
+
+def test_A7_decode_fills_both_frame_slots_and_no_more():
+    s = measured({P64: 4.0, D2: 3.0})
+    (a, b), fence = decoding(s, 2)
+    first = commit_next(s, fence + 1)
+    second = commit_next(s, fence + 2)
+    assert first.graph is D2 and second.graph is D2 and not second.requires_feedback
+    assert s.plan() is None
+    with pytest.raises(ValueError, match="both frame slots"):
+        s.commit(first, fence + 3)
+
+
+def test_A7_prefill_drains_the_window():
+    s = measured({P64: 4.0, D2: 3.0})
+    (a,), fence = decoding(s, 1)
+    s.admit(ask(640, 5))
+    plan = s.plan()
+    assert plan.graph is P64 and plan.requires_feedback
+    s.commit(plan, fence + 1)
+    assert s.plan() is None  # the decoder may not be queued behind a prefill
+    decode_plan = D2  # and commit refuses a queued plan behind feedback-dependent work
+    with pytest.raises(ValueError):
+        s.commit(type(plan)(decode_plan, (), plan.reason, 3 * MS, 1.0, 0.0, requires_feedback=False), fence + 2)
+
+
+def test_A8_winner_needing_an_empty_window_blocks_lower_value_queueable_work():
+    # output tokens nearly worthless: a long prompt chunk is the best use of the device
+    policy = PolicyConfig(output_token_value=0.01, token_fairness=0.01, delivery_fairness=0.0, decode_age_price=0.0)
+    s = measured({P512: 5.0, D2: 3.0}, policy=policy)
+    (a,), fence = decoding(s, 1, max_tokens=500)
+    fence += 1
+    assert commit_next(s, fence).graph is D2  # only a decoder exists: decode runs
+    assert s.plan() is not None  # a second decode frame would be queueable ...
+    s.admit(ask(4096, 5))
+    assert s.plan() is None  # ... but the prefill wins, so nothing is submitted until the drain (A8)
+    s.advance_to(3 * MS)
+    s.complete(fence, [CompletionRecord(a, tokens=(1,))], TIMING)
+    assert s.plan().graph is P512
+
+
+def test_A9_overrun_suspends_queueing_without_excluding_the_graph():
+    s = measured({P64: 4.0, D2: 3.0})
+    (a, b), fence = decoding(s, 2)
+    fence += 1
+    commit_next(s, fence)
+    s.advance_to(s._frames[-1].end_ns + 1)  # the queued frame ran past its expected end
+    assert s.plan() is None
+    s.complete(fence, [CompletionRecord(a, tokens=(1,)), CompletionRecord(b, tokens=(1,))],
+               ExecutionTiming(9 * MS, 9 * MS))
+    assert s.plan().graph is D2  # no cap: the overrun graph stays eligible
+
+
+def test_A10_projection_uses_expected_delivery_and_leaves_history_alone():
+    s = measured({P64: 4.0, D1: 3.0})
+    (a, b), fence = decoding(s, 2)
+    s.advance_to(20 * MS)
+    fence += 1
+    plan = commit_next(s, fence)
+    served = plan.lanes[0].handle
+    other = b if served == a else a
+    real = s.request_view(served).token_rate
+    start = s._frames[-1].end_ns
+    population = s._population(start, s._timings())
+    credit = dict(zip(population.decoders.handle, population.decoders.age_credit))
+    price = dict(zip(population.decoders.handle, population.decoders.token_price))
+    assert credit[served] == 0.0  # its queued frame is expected to deliver exactly at the planning start
+    assert credit[other] > 0.0
+    history = s._slots[served.slot].service
+    projected = history.projected(FrameService(1.0, 1.0, 3.0), 100.0).prices(s.policy, delivery_fallback_rate=1.0)
+    assert price[served] == pytest.approx(projected.output_token)
+    assert price[served] != history.prices(s.policy, delivery_fallback_rate=1.0).output_token
+    assert s.request_view(served).token_rate == real  # projection never touches real history
+
+
+def test_A11_queued_speculative_lane_advances_at_most_its_ceiling():
+    A = spec(2, 4, aggregate=6, source=ValueSource.PREFIX_LIMIT)
+    s = measured({P64: 4.0, A: 5.0})
+    h = s.admit(ask(64, 7, sources=("learned",)))
+    Driver(s, {P64: 4.0, A: 5.0}).run(1)  # prefill: one token out, 6 left
+    first = commit_next(s, 10)
+    assert first.lanes[0].ceiling == 4
+    second = commit_next(s, 11)
+    assert second.lanes[0].ceiling == 2  # 6 - min(4, P) = 2 tokens of room remain
+    assert s.plan() is None
+
+
+def test_D5_unknown_graph_is_discovered_only_with_an_empty_window():
+    s = measured({P64: 4.0, D1: 3.0, D2: 3.5}, cold=(D2,))
+    (a, b), fence = decoding(s, 2)
+    plan = s.plan()
+    assert plan.graph is D2 and plan.reason is SelectionReason.DISCOVERY
+    assert plan.requires_feedback and plan.estimated_duration_ns == 0
+    s.commit(plan, fence + 1)
+    assert s.plan() is None
+    s.complete(fence + 1, [CompletionRecord(l.handle, tokens=(1,)) for l in plan.lanes], ExecutionTiming(4 * MS, 4 * MS))
+    again = s.plan()
+    assert again.reason is SelectionReason.ORDINARY and again.estimated_duration_ns == 4 * MS
+
+
+def test_D5_stale_graph_needs_feedback_and_commit_rechecks_freshness():
+    ttl = PolicyConfig().estimate_ttl_ns
+    s = measured({P64: 4.0, D2: 3.0})
+    (a, b), fence = decoding(s, 2)
+    fence += 1
+    commit_next(s, fence)
+    fresh = s.plan()
+    assert fresh is not None and not fresh.requires_feedback
+    s.advance_to(s._frames[0].end_ns)
+    s.complete(fence, [CompletionRecord(a, tokens=(1,)), CompletionRecord(b, tokens=(1,))], TIMING)
+    # a plan saved while fresh, committed behind queued work after the estimate expired
+    queued = s.plan()
+    s.commit(queued, fence + 1)
+    saved = s.plan()
+    assert saved is not None and not saved.requires_feedback
+    s.advance_to(s.now_ns + ttl)
+    with pytest.raises(ValueError, match="went stale"):
+        s.commit(saved, fence + 2)
+
+
+def test_D5_stale_winner_keeps_its_measured_cost_but_waits_for_feedback():
+    ttl = PolicyConfig().estimate_ttl_ns
+    s = measured({P64: 4.0, D2: 3.0})
+    (a, b), fence = decoding(s, 2)
+    s.advance_to(ttl + 1)
+    plan = s.plan()
+    assert plan.graph is D2 and plan.estimated_duration_ns == 3 * MS  # stale, still measured
+    assert plan.requires_feedback and plan.reason is SelectionReason.ORDINARY
+    s.commit(plan, fence + 1)
+    assert s.plan() is None  # nothing queues behind a stale dispatch
+    s.advance_to(s.now_ns + 3 * MS)
+    s.complete(fence + 1, [CompletionRecord(a, tokens=(1,)), CompletionRecord(b, tokens=(1,))], TIMING)
+    assert not s.plan().requires_feedback  # the completion made it fresh again
