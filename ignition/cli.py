@@ -127,6 +127,56 @@ def plan(
         _print_plan(result)
 
 
+CompileOpt = Annotated[
+    str, typer.Option("--compile", help="none: export programs only; aoti: AOTInductor (not supported yet).")
+]
+
+
+@app.command()
+def capture(
+    ctx: typer.Context,
+    recipe: RecipeArg,
+    out: Annotated[Path, typer.Option("--out", help="Catalog folder to write (replaced atomically).")],
+    model: ModelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    prefill_chunk: PrefillChunkOpt = None,
+    drafts: DraftsOpt = None,
+    speculative_token_capacity: TokenCapacityOpt = None,
+    mixed_prefill: MixedOpt = False,
+    compile: CompileOpt = "none",
+) -> None:
+    """Capture every planned program into a catalog folder (docs/catalog-format.md)."""
+    from ignition.capture.pipeline import CaptureRequest, capture as run_capture
+    from ignition.capture.render import ProgressObserver, print_capture_summary
+
+    options = capacity_options(concurrency, prefill_chunk, drafts, speculative_token_capacity, mixed_prefill)
+    observer = ProgressObserver(Console(stderr=True))
+    with user_errors(ctx):
+        try:
+            summary = run_capture(CaptureRequest(recipe, out, model, options, compile), observer)
+        finally:
+            observer.close()
+    print_capture_summary(Console(), summary)
+
+
+@app.command()
+def inspect(
+    ctx: typer.Context,
+    catalog: Annotated[Path, typer.Argument(help="A catalog folder written by `ignition capture`.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a catalog: version, recipe, envelope, programs by kind, every descriptor, file sizes."""
+    from ignition.capture.inspect import inspect_catalog
+    from ignition.capture.render import print_catalog_report
+
+    with user_errors(ctx):
+        report = inspect_catalog(catalog)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        print_catalog_report(Console(), report)
+
+
 def main() -> None:
     """Console-script entry point (``ignition``)."""
     app()
@@ -136,18 +186,24 @@ def main() -> None:
 
 
 def _recipes_table(found: list[Recipe]) -> Table:
+    """One column per recipe, so the table stays narrow as fields are added."""
     table = Table(title="Recipes")
-    for column in ("name", "aliases", "architecture", "checkpoint", "concurrency", "prompt buckets",
-                   "drafts", "proposals", "mixed"):
-        table.add_column(column, no_wrap=column in ("name", "aliases"))
+    table.add_column("", style="bold", no_wrap=True)
     for r in found:
-        cap = r.capacity
-        table.add_row(
-            r.name, ", ".join(r.aliases) or "-", r.architecture,
-            "bundled" if r.target.checkpoint else "--model PATH", str(cap.concurrency),
-            ", ".join(map(str, cap.prompt_buckets)), str(cap.drafts),
-            ", ".join(cap.proposal_sources) or "-", "yes" if cap.mixed_capture else "no",
-        )
+        table.add_column(r.name, overflow="fold")
+    rows = {
+        "aliases": lambda r: ", ".join(r.aliases) or "-",
+        "architecture": lambda r: r.architecture,
+        "checkpoint": lambda r: "bundled" if r.target.checkpoint else "--model PATH",
+        "dtype": lambda r: r.dtype,
+        "concurrency": lambda r: str(r.capacity.concurrency),
+        "prompt buckets": lambda r: " ".join(map(str, r.capacity.prompt_buckets)),
+        "drafts": lambda r: str(r.capacity.drafts),
+        "proposals": lambda r: ", ".join(r.capacity.proposal_sources) or "-",
+        "mixed capture": lambda r: "yes" if r.capacity.mixed_capture else "no",
+    }
+    for label, cell in rows.items():
+        table.add_row(label, *(cell(r) for r in found))
     return table
 
 
@@ -159,7 +215,8 @@ def _print_plan(result: CapacityPlan) -> None:
     console.print(envelope)
     console.print(_shapes_table(result))
     counts = ", ".join(f"{kind} {n}" for kind, n in result.counts_by_kind().items())
-    console.print(f"{len(result.graphs)} programs ({counts}); max packed tokens {result.max_packed_tokens}")
+    console.print(f"{len(result.graphs)} programs: {counts}")
+    console.print(f"max packed tokens: {result.max_packed_tokens}")
 
 
 def _shapes_table(result: CapacityPlan) -> Table:

@@ -52,8 +52,8 @@ def speculative_shapes(env: CapacityEnvelope) -> tuple[GraphDescriptor, ...]:
     if not wider:
         raise CapacityError(
             f"--speculative-token-capacity {env.speculative_token_capacity} admits no width above one at any "
-            f"request bucket {list(env.request_buckets)}; use R >= {2 * env.request_buckets[0]} "
-            "(B*W <= R at the smallest bucket with W = 2), or --drafts 0 for an ordinary catalog"
+            f"request bucket {list(env.request_buckets)}; use R >= {env.request_buckets[0] + 1} "
+            "(one target row beyond the smallest bucket's pending tokens), or --drafts 0 for an ordinary catalog"
         )
     return tuple(_width_one(env, b) for b in env.request_buckets) + wider
 
