@@ -9,11 +9,12 @@ from ignition.capacity.envelope import (
     CapacityEnvelope,
     CapacityError,
     CapacityOptions,
+    check_options,
     default_token_capacity,
     resolve_envelope,
 )
 from ignition.capacity.mixed import mixed_contract_problem, mixed_shapes
-from ignition.capacity.plan import CapacityPlan, descriptor_to_dict, plan_capacity, plan_graphs
+from ignition.capacity.plan import CapacityPlan, descriptor_to_dict, plan_capacity, plan_graphs, plan_recipe
 from ignition.capacity.separate import speculative_shapes
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "CapacityError",
     "CapacityOptions",
     "CapacityPlan",
+    "check_options",
     "balanced_prompt_bucket",
     "default_token_capacity",
     "descriptor_to_dict",
@@ -29,6 +31,7 @@ __all__ = [
     "padded",
     "plan_capacity",
     "plan_graphs",
+    "plan_recipe",
     "request_buckets_through",
     "resolve_envelope",
     "speculative_shapes",

@@ -78,18 +78,32 @@ class CapacityEnvelope:
 
 
 def _envelope_problem(env: CapacityEnvelope) -> str | None:
+    return _slots_problem(env) or _prompt_problem(env) or _speculation_problem(env)
+
+
+def _slots_problem(env: CapacityEnvelope) -> str | None:
     if not 1 <= env.request_slots <= MAX_REQUEST_SLOTS:
         return f"concurrency {env.request_slots} is outside 1..{MAX_REQUEST_SLOTS}; use 1 through {MAX_REQUEST_SLOTS}"
-    bad_batch = [b for b in env.request_buckets if not is_power_of_two(b) or b > MAX_REQUEST_SLOTS]
-    if bad_batch or not env.request_buckets or env.request_buckets[-1] != padded(env.request_slots):
-        return (f"request buckets {list(env.request_buckets)} are not powers of two ending at the padded "
-                f"concurrency {padded(env.request_slots)}; use e.g. {list(request_buckets_through(env.request_slots))}")
-    bad_prompt = next((p for p in map(prompt_bucket_problem, env.prompt_buckets) if p), None)
-    if bad_prompt or not env.prompt_buckets:
-        return f"prompt bucket {bad_prompt or 'list is empty'}; use positive multiples of 64 such as 64, 256, 1024"
+    buckets, top = env.request_buckets, padded(env.request_slots)
+    if any(not is_power_of_two(b) for b in buckets) or list(buckets) != sorted(set(buckets)) or buckets[-1:] != (top,):
+        return (f"request buckets {list(buckets)} are not ascending powers of two ending at the padded "
+                f"concurrency {top}; use e.g. {list(request_buckets_through(env.request_slots))}")
+    return None
+
+
+def _prompt_problem(env: CapacityEnvelope) -> str | None:
+    buckets = env.prompt_buckets
+    bad = next((p for p in map(prompt_bucket_problem, buckets) if p), None)
+    if bad or not buckets or list(buckets) != sorted(set(buckets)):
+        return (f"prompt buckets {list(buckets)}: {bad or 'not a non-empty ascending list'}; "
+                "use ascending positive multiples of 64 such as 64, 256, 1024")
     if env.context_length and env.prefill_chunk > env.context_length:
         return (f"prefill chunk {env.prefill_chunk} exceeds the model's context of {env.context_length} tokens; "
                 f"use --prefill-chunk <= {env.context_length}")
+    return None
+
+
+def _speculation_problem(env: CapacityEnvelope) -> str | None:
     if env.draft_depth < 0 or env.max_width > env.completion_token_capacity:
         return (f"{env.draft_depth} drafts need width {env.max_width}, outside 1..{env.completion_token_capacity} "
                 f"(the completion token capacity); use --drafts 0 through {env.completion_token_capacity - 1}")

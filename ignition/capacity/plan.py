@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from ignition.capacity.envelope import CapacityEnvelope, CapacityOptions, check_options, resolve_envelope
 from ignition.capacity.mixed import mixed_shapes
@@ -81,7 +82,9 @@ def descriptor_to_dict(g: GraphDescriptor) -> dict:
     }
 
 
-def plan_recipe(name_or_path: str, options: CapacityOptions = CapacityOptions(), model=None) -> CapacityPlan:
+def plan_recipe(
+    name_or_path: str, options: CapacityOptions = CapacityOptions(), model: Path | None = None
+) -> CapacityPlan:
     """``ignition plan``: load the recipe, bind ``--model`` if given, plan it."""
     from ignition.recipes import load_recipe
 

@@ -25,7 +25,7 @@ from ignition.capacity import (
 from ignition.recipes import load_recipe
 
 WORKED_BUCKETS = (64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
-EXAMPLES = 60 if os.environ.get("FLARE_TEST_SCALE") == "ci" else 300
+EXAMPLES = 50 if os.environ.get("FLARE_TEST_SCALE") == "ci" else 200
 
 
 def envelope(**changes) -> CapacityEnvelope:
@@ -240,8 +240,17 @@ def test_bad_options_are_one_line_errors(options, words):
 
 
 def test_C5_non_power_of_two_batch_bucket_is_rejected():
-    with pytest.raises(CapacityError, match="not powers of two"):
+    with pytest.raises(CapacityError, match="not ascending powers of two"):
         envelope(request_buckets=(1, 3, 4))
+    with pytest.raises(CapacityError, match="ending at the padded concurrency 4"):
+        envelope(request_buckets=(1, 2))
+
+
+def test_C7_prompt_buckets_must_be_ascending_multiples_of_64():
+    with pytest.raises(CapacityError, match="not a positive multiple of 64"):
+        envelope(prompt_buckets=(64, 96))
+    with pytest.raises(CapacityError, match="ascending"):
+        envelope(prompt_buckets=(256, 64))
 
 
 def test_drafts_need_a_proposal_source():
