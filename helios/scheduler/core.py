@@ -394,7 +394,20 @@ class Scheduler:
         return out
 
     def _normalizer(self) -> float | None:
-        return token_normalizer((g, self.cost.estimate_ns(g.cost_key())) for g in self.graphs)
+        """Token normalizer: the best measured token rate of the generation programs.
+
+        A request's lasting share of service is what the decode and speculative
+        programs can sustain; prompt programs process tokens far faster, and a
+        starting x at a share of *that* rate would price a waiting prompt as if it
+        had been served generously (its first output then waits behind streams
+        that already have theirs). The whole catalog is the fallback while no
+        generation program is measured.
+        """
+        generation = [g for g in self.graphs if g.kind in GENERATION_KINDS or g.kind is GraphKind.MIXED]
+        measured = token_normalizer((g, self.cost.estimate_ns(g.cost_key())) for g in generation)
+        if measured is None:
+            measured = token_normalizer((g, self.cost.estimate_ns(g.cost_key())) for g in self.graphs)
+        return measured
 
     # -- commit -------------------------------------------------------------
 
@@ -404,6 +417,8 @@ class Scheduler:
         queued = bool(self._frames)
         start_ns = max(self.now_ns, self._frames[-1].end_ns) if queued else self.now_ns
         participants = tuple(s.handle for s in self._slots if s is not None and s.live)
+        normalizer = self._normalizer()
+        self._start_unserved_histories(participants, normalizer)
         for lane in plan.lanes:
             state = self._state(lane.handle)
             state.inflight += 1
@@ -412,9 +427,21 @@ class Scheduler:
             state.last_selected_ns = self.now_ns
         self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
         self._frames.append(
-            Frame(fence, plan, participants, self._normalizer(), start_ns + plan.estimated_duration_ns, queued)
+            Frame(fence, plan, participants, normalizer, start_ns + plan.estimated_duration_ns, queued)
         )
         self._last_fence = fence
+
+    def _start_unserved_histories(self, participants: Sequence[RequestHandle], normalizer: float | None) -> None:
+        """A request with no measured interval yet starts at the fair share of this interval's participants.
+
+        Its admission-time share depended on who happened to be resident then;
+        requests arriving together must not be ranked by arrival order.
+        """
+        rate = fair_token_rate(normalizer, len(participants))
+        for handle in participants:
+            state = self._slots[handle.slot]
+            if state.service.last_interval is None:
+                state.service = ServiceHistory.starting_at(rate)
 
     def _check_commit(self, plan: ScheduledPlan, fence: Fence) -> None:
         if self._last_fence is not None and fence <= self._last_fence:
