@@ -19,6 +19,9 @@ _OPTIONAL_KEYS = {"tie_word_embeddings", "head_dim"}
 def read_model_dims(folder: Path) -> ModelDims:
     """The dimensions a Qwen3 dense checkpoint's config.json declares."""
     config = _read_config(folder)
+    rope = config.get("rope_parameters")
+    if "rope_theta" not in config and isinstance(rope, dict) and "rope_theta" in rope:
+        config["rope_theta"] = rope["rope_theta"]  # newer transformers nest it
     model_type = config.get("model_type")
     if model_type not in ARCHITECTURES:
         raise RecipeError(

@@ -167,6 +167,15 @@ def test_qwen3_needs_model_and_reads_config(tmp_path):
     assert resolved.target.checkpoint == tmp_path / "ckpt"
 
 
+def test_config_with_nested_rope_theta(tmp_path):
+    config = {k: v for k, v in QWEN3_CONFIG.items() if k != "rope_theta"}
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 5000.0}
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    assert read_model_dims(folder).rope_theta == 5000.0
+
+
 def test_config_without_head_dim_derives_it(tmp_path):
     config = dict(QWEN3_CONFIG)
     del config["head_dim"]
@@ -224,3 +233,15 @@ def test_docs_example_recipe_is_valid(tmp_path):
     path.write_text(textwrap.dedent(block))
     recipe = read_recipe_file(path)
     assert recipe.name == "my-qwen3"
+
+
+def test_reads_a_config_saved_by_transformers(tmp_path):
+    """Whatever layout the installed transformers writes (it nests rope_theta since v5)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3Config(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                                      max_position_embeddings=1024, tie_word_embeddings=True)
+    config.save_pretrained(tmp_path)
+    dims = load_recipe("qwen3").resolve(tmp_path).dims
+    assert (dims.vocab_size, dims.hidden_size, dims.head_dim, dims.context_length) == (256, 64, 16, 1024)
+    assert dims.tie_word_embeddings and dims.rope_theta > 0
