@@ -18,31 +18,35 @@ _OPTIONAL_KEYS = {"tie_word_embeddings", "head_dim"}
 
 def read_model_dims(folder: Path) -> ModelDims:
     """The dimensions a Qwen3 dense checkpoint's config.json declares."""
+    path = Path(folder) / "config.json"
     config = _read_config(folder)
-    rope = config.get("rope_parameters")
-    if "rope_theta" not in config and isinstance(rope, dict) and "rope_theta" in rope:
-        config["rope_theta"] = rope["rope_theta"]  # newer transformers nest it
     model_type = config.get("model_type")
     if model_type not in ARCHITECTURES:
-        raise RecipeError(
-            f"{folder / 'config.json'}: model_type {model_type!r} is not supported; "
-            f"allowed: {', '.join(ARCHITECTURES)} (a dense Qwen3 checkpoint)"
-        )
-    values = {f.name: _value(config, f, folder) for f in dataclasses.fields(ModelDims)}
-    if values["head_dim"] is None:  # older configs leave it implicit
-        values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
-    if values["tie_word_embeddings"] is None:
-        values["tie_word_embeddings"] = False
+        raise RecipeError(f"{path}: model_type {model_type!r} is not supported; "
+                          f"allowed: {', '.join(ARCHITECTURES)} (a dense Qwen3 checkpoint)")
+    values = {f.name: _value(_lift_rope_theta(config), f, folder) for f in dataclasses.fields(ModelDims)}
     for f in dataclasses.fields(ModelDims):
-        check = f.metadata.get("check")
-        if check and check(values[f.name]):
-            raise RecipeError(f"{folder / 'config.json'}: {f.name}: {check(values[f.name])}; "
-                              f"allowed: {f.metadata['allowed']}")
-    dims = ModelDims(**values)
-    problem = dims.grouping_problem()
-    if problem:
-        raise RecipeError(f"{folder / 'config.json'}: {problem}")
+        problem = values[f.name] is not None and f.metadata.get("check", lambda v: None)(values[f.name])
+        if problem:
+            raise RecipeError(f"{path}: {f.name}: {problem}; allowed: {f.metadata['allowed']}")
+    dims = ModelDims(**_fill_implicit(values))
+    if dims.grouping_problem():
+        raise RecipeError(f"{path}: {dims.grouping_problem()}")
     return dims
+
+
+def _lift_rope_theta(config: dict[str, Any]) -> dict[str, Any]:
+    """Newer transformers nest rope_theta under rope_parameters."""
+    rope = config.get("rope_parameters")
+    if "rope_theta" not in config and isinstance(rope, dict) and "rope_theta" in rope:
+        return config | {"rope_theta": rope["rope_theta"]}
+    return config
+
+
+def _fill_implicit(values: dict[str, Any]) -> dict[str, Any]:
+    """Keys older configs may leave out, with the meaning transformers gives them."""
+    head_dim = values["head_dim"] or values["hidden_size"] // values["num_attention_heads"]
+    return values | {"head_dim": head_dim, "tie_word_embeddings": bool(values["tie_word_embeddings"])}
 
 
 def require_agreement(recipe: str, declared: ModelDims, found: ModelDims, folder: Path) -> None:
