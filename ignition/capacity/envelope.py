@@ -127,7 +127,7 @@ def resolve_envelope(recipe: Recipe, options: CapacityOptions) -> CapacityEnvelo
         draft_depth=drafts,
         speculative_token_capacity=_pick(
             options.speculative_token_capacity,
-            defaults.speculative_token_capacity or default_token_capacity(concurrency, drafts)),
+            _pick(defaults.speculative_token_capacity, default_token_capacity(concurrency, drafts))),
         completion_token_capacity=defaults.completion_token_capacity,
         mixed=options.mixed_prefill,
         proposal_sources=defaults.proposal_sources,

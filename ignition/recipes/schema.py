@@ -83,8 +83,8 @@ class CapacityDefaults:
     completion_token_capacity: int = field(
         default=UNDECLARED_COMPLETION_CAPACITY, metadata=rules.between(1, MAX_REQUEST_SLOTS)
     )
-    # Default --speculative-token-capacity R; 0: derived (see ignition.capacity).
-    speculative_token_capacity: int = field(default=0, metadata=rules.at_least(0))
+    # Default --speculative-token-capacity R; None: derived (ignition.capacity.default_token_capacity).
+    speculative_token_capacity: int | None = field(default=None, metadata=rules.at_least(1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,6 +119,8 @@ def test_missing_recipe_file_says_so(tmp_path):
         (lambda d: d["capacity"].update(drafts=8), "capacity.drafts", "completion_token_capacity"),
         (lambda d: d.pop("draft"), "draft", "'learned'"),
         (lambda d: d.update(kv_page_size=12), "kv_page_size", "power of two"),
+        (lambda d: d["capacity"].update(speculative_token_capacity=0), "capacity.speculative_token_capacity",
+         "integer >= 1"),
         (lambda d: d["target"]["dimensions"].update(num_key_value_heads=3), "target.dimensions",
          "multiple of num_key_value_heads"),
         (lambda d: d["target"]["dimensions"].update(hidden_size=0), "target.dimensions.hidden_size", "positive"),
