@@ -252,7 +252,7 @@ class _Selector:
             lengths.append(length)
             expected.append(e)
             values.append(decode_lane_value(e, d.token_price[i], d.delivery_price[i], 1.0, d.age_credit[i]))
-        ranked = RankedLanes.rank(values)
+        ranked = RankedLanes.rank(values, [d.recency[i] for i in idx])
         order = ranked.order
         members = [idx[j] for j in order]
         slopes = [d.age_slope[i] for i in members]
@@ -276,7 +276,7 @@ class _Selector:
                 prompt_lane_value(t, p.price[i]) + (p.first_token[i] if t == p.remaining[i] else 0.0)
                 for i, t in enumerate(tokens)
             ]
-            ranking = (RankedLanes.rank(values), tokens)
+            ranking = (RankedLanes.rank(values, p.recency), tokens)
             self.prompt_rankings[capacity] = ranking
         return ranking
 

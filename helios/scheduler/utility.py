@@ -96,9 +96,12 @@ class RankedLanes:
     prefix: tuple[float, ...]
 
     @classmethod
-    def rank(cls, values: Sequence[float]) -> "RankedLanes":
-        # ties keep the caller's order, which the caller makes least-recently-used first
-        order = tuple(sorted(range(len(values)), key=values.__getitem__, reverse=True))
+    def rank(cls, values: Sequence[float], recency: Sequence[int] | None = None) -> "RankedLanes":
+        """Rank by value; equal values go to the least recently used lane first (U8)."""
+        if recency is None:
+            order = tuple(sorted(range(len(values)), key=values.__getitem__, reverse=True))
+        else:
+            order = tuple(sorted(range(len(values)), key=lambda i: (-values[i], recency[i])))
         prefix = (0.0, *accumulate(values[i] for i in order))
         return cls(order, prefix)
 
