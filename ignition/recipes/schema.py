@@ -129,6 +129,7 @@ class Recipe:
         checkpoint); undeclared ones are read from the recipe's own checkpoint,
         and a recipe with neither asks for ``--model``.
         """
+        # imported here because checkpoint.py builds this module's ModelDims
         from ignition.recipes.checkpoint import read_model_dims, require_agreement
 
         if model is None and self.target.dimensions is not None:
