@@ -84,6 +84,7 @@ def _write_weights(root: Path, sets: Mapping[str, Mapping[str, torch.Tensor]]) -
     for name, tensors in sets.items():
         relative = f"weights/{name}.safetensors"
         save_file({k: t.detach().contiguous() for k, t in tensors.items()}, root / relative)
+        (root / relative).chmod(0o644)  # safetensors creates 0600; a catalog is meant to be shared
         written.append(WeightSet(name, relative, file_sha256(root / relative), tuple(tensors)))
     return tuple(written)
 

@@ -56,7 +56,8 @@ def export_program(spec: ProgramSpecLike, path: Path, weight_sets: Mapping[str, 
     """
     args = positional_args(spec)
     ep = torch.export.export(spec.module, args, strict=False)
-    mutated = _mutated_inputs(ep, spec.input_names, args)
+    # What the graph writes, plus what the builder declares (belt and braces).
+    mutated = _mutated_inputs(ep, spec.input_names, args) | set(getattr(spec, "mutated_inputs", ()))
     outputs = _output_specs(ep, spec.output_names)
     ep.example_inputs = None
     torch.export.save(ep, path)

@@ -7,6 +7,7 @@ real model; the real model's round trip is in test_capture_model.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,153 @@ def test_mutation_through_a_view_marks_the_base_input(tmp_path):
     exported = export_program(spec, tmp_path / "p.pt2", {})
     assert [(a.name, a.mutated) for a in exported.inputs] == [("cache", True), ("index", False), ("value", False)]
     assert exported.outputs[0].shape == (1, 3)
+
+
+# ---------------------------------------------------------------------------
+# The bundled model, end to end: capture -> fresh process -> equals eager.
+# ---------------------------------------------------------------------------
+
+FRESH_PROCESS_RUNNER = """
+import sys, torch
+from helios.catalog import load
+catalog_dir, frames_file, results_file = sys.argv[1:4]
+frames = torch.load(frames_file)
+catalog = load(catalog_dir)
+results = {}
+for program_id, frame in frames["frames"].items():
+    state = {name: t.clone() for name, t in frames["state"].items()}
+    outputs = catalog.program(program_id)(**frame, **state)
+    results[program_id] = {"outputs": outputs, "writes": {n: state[n] for n in ("pending", "seq_lens")},
+                           "cache": {n: state[n][frames["state"][n] != state[n]] for n in ("k_cache", "v_cache")},
+                           "cache_where": {n: (frames["state"][n] != state[n]).nonzero() for n in ("k_cache", "v_cache")}}
+assert not [m for m in sys.modules if m.startswith("ignition")], "the runtime imported ignition"
+torch.save(results, results_file)
+"""
+
+
+def _model_graphs(scale: str):
+    """ci: one program per kind (mixed included); otherwise the default catalog plus two mixed programs."""
+    from ignition.capacity import CapacityOptions, plan_capacity
+    from ignition.recipes import load_recipe
+
+    recipe = load_recipe("flare-tiny").resolve()
+    default = plan_capacity(recipe).graphs
+    mixed = [g for g in plan_capacity(recipe, CapacityOptions(mixed_prefill=True)).graphs if g.kind.value == "mixed"]
+    if scale == "ci":
+        firsts = {}
+        for g in (*default, *mixed):
+            firsts.setdefault(g.kind, g)
+        wide = [g for g in default if g.kind.value == "speculative" and g.width > 1]
+        return recipe, (*firsts.values(), wide[-1], mixed[-1])
+    return recipe, (*default, mixed[0], mixed[-1])
+
+
+def _frame(entry, state_spec, seq_lens, gen) -> dict[str, torch.Tensor]:
+    """Inputs for one program: live rows in shuffled slots, the last row inactive, partial prompts."""
+    d = entry.descriptor
+    slots = torch.tensor([2, 0, 3, 1][: d.batch_capacity], dtype=torch.int32)
+    is_prompt_kind = d.kind.value in ("prefill", "scored_prefill")
+    prompt_len = min(d.prefill_capacity, 37)
+    lens = [prompt_len] if is_prompt_kind else [d.width] * d.batch_capacity
+    if d.kind.value == "mixed":
+        lens[0] = prompt_len  # prefill_row 0 (C14)
+    if d.batch_capacity > 1 and not (d.kind.value == "mixed" and d.batch_capacity == 2):
+        lens[-1] = 0  # an inactive row must write nothing
+    if d.ragged:
+        lens = [d.width, 1] + [0] * (d.batch_capacity - 2)
+    layout = state_spec.layout
+    pages = layout["max_pages_per_slot"]
+    vocab = 259
+    frame = {
+        "page_table": torch.arange(layout["request_slots"] * pages, dtype=torch.int32).view(-1, pages).flip(0).contiguous(),
+        "row_slots": slots,
+        "query_lens": torch.tensor(lens, dtype=torch.int32),
+        "temperature": torch.tensor([0.0, 0.8, 0.0, 1.1][: d.batch_capacity]),
+        "top_k": torch.tensor([0, 40, 0, 0][: d.batch_capacity], dtype=torch.int32),
+        "top_p": torch.tensor([1.0, 0.9, 1.0, 0.95][: d.batch_capacity]),
+        "seed": torch.tensor([11, 22, 33, 44][: d.batch_capacity], dtype=torch.int64),
+        "prefill_row": torch.tensor([0], dtype=torch.int32),
+        "prompt_tokens": torch.randint(0, vocab, (max(d.prefill_capacity, 1),), generator=gen),
+        "prompt_start": seq_lens[slots[:1].long()].int(),
+        "prompt_final": torch.tensor([True]),
+        "next_prompt_token": torch.randint(0, vocab, (1,), generator=gen),
+        "draft_tokens": torch.randint(0, vocab, (d.batch_capacity, max(d.width - 1, 0)), generator=gen),
+    }
+    names = [a.name for a in entry.inputs if a.weights is None and not a.mutated]
+    return {name: frame[name] for name in names}
+
+
+@functools.cache
+def _checkpoint(folder: Path):
+    from ignition.models.checkpoint import load_checkpoint
+
+    return load_checkpoint(folder)
+
+
+def _eager(entry, recipe, source_layout, frame, state) -> dict:
+    """The eager program module of ``entry`` on the same inputs and a copy of the same state."""
+    from ignition.models.programs import build_program
+
+    checkpoint = _checkpoint(recipe.checkpoint_folder())
+    spec = build_program(entry.descriptor, checkpoint.config, source_layout, checkpoint.weights)
+    state = {name: t.clone() for name, t in state.items()}
+    named = {"weights": checkpoint.weights, **frame, **state}
+    outputs = dict(zip(spec.output_names, spec.module(*(named[n] for n in spec.input_names)), strict=True))
+    return {"outputs": outputs, "state": state}
+
+
+@pytest.mark.slow
+def test_C1_C14_bundled_catalog_runs_in_a_fresh_process_exactly_like_eager(tmp_path):
+    """Every captured kind (prefill, scored prefill, decode, speculative, mixed) loaded in a fresh
+    process that imports only helios equals the eager model, and writes the KV cache where eager does."""
+    import os
+    import subprocess
+    import sys
+
+    from ignition.capacity import plan_capacity
+    from ignition.capture.pipeline import model_source, state_layout
+
+    recipe, graphs = _model_graphs(os.environ.get("FLARE_TEST_SCALE", "full"))
+    plan = plan_capacity(recipe)
+    source = dataclasses.replace(model_source(recipe, plan), graphs=graphs)
+    catalog = load(write_catalog(source, tmp_path / "catalog").path)
+    gen = torch.Generator().manual_seed(7)
+    state = catalog.state.allocate()
+    state["k_cache"].normal_(generator=gen)
+    state["v_cache"].normal_(generator=gen)
+    state["pending"].copy_(torch.tensor([17, 101, 250, 3]))
+    state["seq_lens"].copy_(torch.tensor([41, 0, 130, 9], dtype=torch.int32))
+    frames = {p.id: _frame(p, catalog.state, state["seq_lens"], gen) for p in catalog.manifest.programs}
+    torch.save({"frames": frames, "state": state}, tmp_path / "frames.pt")
+    runner = tmp_path / "runner.py"
+    runner.write_text(FRESH_PROCESS_RUNNER)
+    repo = Path(__file__).resolve().parents[2]
+    args = [sys.executable, str(runner), str(catalog.path), str(tmp_path / "frames.pt"), str(tmp_path / "out.pt")]
+    result = subprocess.run(args, cwd=repo, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "PYTHONPATH": str(repo)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = torch.load(tmp_path / "out.pt")
+    layout = state_layout(recipe, plan)
+    kinds = set()
+    for entry in catalog.manifest.programs:
+        diffs = _compare(entry.id, _eager(entry, recipe, layout, frames[entry.id], state), loaded[entry.id], state)
+        print(f"{entry.id}: max abs diff " + ", ".join(f"{k}={v:.3g}" for k, v in diffs.items()))
+        assert max(diffs.values()) == 0.0, f"{entry.id}: the loaded program differs from eager: {diffs}"
+        kinds.add(entry.descriptor.kind.value)
+    assert kinds == {"prefill", "scored_prefill", "decode", "speculative", "mixed"}
+
+
+def _compare(program_id: str, eager: dict, got: dict, initial: dict) -> dict[str, float]:
+    """Max abs differences of outputs and written cache values; asserts exact agreement elsewhere."""
+    diffs = {}
+    for name, value in eager["outputs"].items():
+        assert got["outputs"][name].dtype == value.dtype, f"{program_id}: {name} dtype"
+        diffs[name] = (got["outputs"][name].double() - value.double()).abs().max().item()
+    for name in ("pending", "seq_lens"):
+        assert torch.equal(got["writes"][name], eager["state"][name]), f"{program_id}: {name} differs from eager"
+    for name in ("k_cache", "v_cache"):
+        written = eager["state"][name] != initial[name]
+        assert written.any(), f"{program_id}: eager wrote no {name}"
+        assert torch.equal(got["cache_where"][name], written.nonzero()), f"{program_id}: {name} written elsewhere"
+        diffs[name] = (got["cache"][name] - eager["state"][name][written]).abs().max().item()
+    return diffs

@@ -1,0 +1,132 @@
+"""The whole capture: recipe -> capacity plan -> checkpoint -> catalog folder.
+
+This is the one place capture meets the model code (``ignition.models``):
+``model_source`` turns a resolved recipe and its plan into a ``CaptureSource``;
+``capture`` runs the named startup steps and hands the source to the writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from helios.catalog import Envelope
+from ignition.capacity import CapacityOptions, CapacityPlan, plan_capacity
+from ignition.capacity.plan import check_options
+from ignition.capture.build import COMPILE_MODES, CaptureError, CaptureObserver, CaptureSummary, write_catalog
+from ignition.capture.source import CaptureSource
+from ignition.models.checkpoint import load_checkpoint
+from ignition.models.programs import StateLayout, build_program
+from ignition.recipes import Recipe, load_recipe
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+# Files beside tokenizer.json that describe how to use it (chat template, specials).
+TOKENIZER_COMPANIONS = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureRequest:
+    """What ``ignition capture`` was asked for."""
+
+    recipe: str  # name, alias or path to a recipe YAML
+    out: Path
+    model: Path | None = None  # --model: a local Hugging Face checkpoint folder
+    options: CapacityOptions = CapacityOptions()
+    compile: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.compile not in COMPILE_MODES:
+            raise CaptureError(f"--compile {self.compile!r} is unknown; use one of {', '.join(COMPILE_MODES)}")
+
+
+def capture(request: CaptureRequest, observer: CaptureObserver | None = None) -> CaptureSummary:
+    """Capture ``request.recipe`` into ``request.out`` (atomically), reporting each step."""
+    observer = observer or CaptureObserver()
+    if request.compile != "none":  # fail before minutes of loading, not after
+        raise CaptureError(f"--compile {request.compile} is not supported yet; use --compile none (export only)")
+    observer.step("resolve recipe")
+    recipe = load_recipe(request.recipe)
+    check_options(recipe, request.options)  # a flag error needs no checkpoint
+    recipe = recipe.resolve(request.model)
+    observer.step("plan capacity")
+    plan = plan_capacity(recipe, request.options)
+    observer.step("load checkpoint")
+    source = model_source(recipe, plan, request.model)
+    return write_catalog(source, request.out, observer, request.compile)
+
+
+def state_layout(recipe: Recipe, plan: CapacityPlan) -> StateLayout:
+    """Room for every slot to hold the full context (the runtime's allocator hands out pages)."""
+    pages_per_slot = math.ceil(recipe.dims.context_length / recipe.kv_page_size)
+    slots = plan.envelope.request_slots
+    return StateLayout(slots, recipe.kv_page_size, slots * pages_per_slot, pages_per_slot, _dtype(recipe))
+
+
+def model_source(recipe: Recipe, plan: CapacityPlan, model: Path | None = None) -> CaptureSource:
+    folder = recipe.checkpoint_folder(model)
+    target = load_checkpoint(folder, _dtype(recipe))
+    weights = {"target": target.weights}
+    if recipe.draft is not None and "learned" in plan.envelope.proposal_sources and plan.envelope.draft_depth:
+        weights["draft"] = load_checkpoint(recipe.draft.checkpoint, _dtype(recipe)).weights
+    layout = state_layout(recipe, plan)
+    return CaptureSource(
+        recipe=plain(recipe),
+        model=plain(target.config),
+        tokenizer_reference=f"{_reference(folder)}/{recipe.tokenizer}",
+        tokenizer_files=_tokenizer_files(folder, recipe.tokenizer),
+        device={"kind": "cpu", "dtype": recipe.dtype},
+        envelope=_envelope(plan),
+        layout=plain(layout),
+        weights=weights,
+        graphs=plan.graphs,
+        build=lambda desc: build_program(desc, target.config, layout, target.weights),
+    )
+
+
+def _dtype(recipe: Recipe) -> torch.dtype:
+    return getattr(torch, recipe.dtype)
+
+
+def _envelope(plan: CapacityPlan) -> Envelope:
+    env = plain(plan.envelope.to_dict())
+    core = {k: env.pop(k) for k in ("request_slots", "prefill_chunk", "draft_depth", "speculative_token_capacity")}
+    return Envelope(**core, mixed=env.pop("mixed"), extra={**env, "max_packed_tokens": plan.max_packed_tokens})
+
+
+def _tokenizer_files(folder: Path, tokenizer: str) -> tuple[Path, ...]:
+    main = folder / tokenizer
+    if not main.is_file():
+        raise CaptureError(f"{folder}: {tokenizer} is missing; a checkpoint folder needs its tokenizer file")
+    return (main, *(folder / name for name in TOKENIZER_COMPANIONS if (folder / name).is_file()))
+
+
+def _reference(folder: Path) -> str:
+    """Checkpoint folder as recorded: package-relative when bundled, so manifests carry no host paths."""
+    resolved = folder.resolve()
+    if resolved.is_relative_to(PACKAGE_ROOT):
+        return f"ignition/{resolved.relative_to(PACKAGE_ROOT)}"
+    return str(resolved)
+
+
+def plain(value: Any) -> Any:
+    """Dataclasses, enums, paths, dtypes and tuples as YAML-safe plain data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Path):
+        return _reference(value)
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return value
