@@ -34,17 +34,28 @@ def paged_attention(
 
 
 def _row_attention(q, k_layer, v_layer, page_table, row: PackedRows, scale: float) -> torch.Tensor:
-    pages, offsets = slot_positions(page_table, k_layer.shape[1], row, 0, row.end)
-    k = k_layer[pages, offsets]  # [context, kv_heads, head_dim]
-    v = v_layer[pages, offsets]
-    key_pos = torch.arange(row.end)
-    query_pos = torch.arange(row.start, row.end)
-    causal = key_pos[None, :] <= query_pos[:, None]  # [length, context]
+    k, v = _row_context(k_layer, v_layer, page_table, row)  # [context, kv_heads, head_dim]
+    causal = None
+    if row.length > 1:  # a single query sees the whole context: no mask needed
+        key_pos = torch.arange(row.end)
+        causal = key_pos[None, :] <= torch.arange(row.start, row.end)[:, None]  # [length, context]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
         attn_mask=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
     )
     return out.transpose(0, 1)
+
+
+def _row_context(k_layer, v_layer, page_table, row: PackedRows):
+    """The row's first ``row.end`` cached keys and values, gathered page by page."""
+    page_size = k_layer.shape[1]
+    used = -(-row.end // page_size)
+    if used > page_table.shape[1] or not 0 <= row.slot < page_table.shape[0]:
+        slot_positions(page_table, page_size, row, 0, row.end)  # raises the descriptive error
+    pages = page_table[row.slot, :used].long()
+    k = k_layer[pages].flatten(0, 1)[: row.end]
+    v = v_layer[pages].flatten(0, 1)[: row.end]
+    return k, v
 
 
 @paged_attention.register_fake

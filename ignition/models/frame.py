@@ -90,7 +90,7 @@ def _rows(shape: FrameShape, x: FrameInputs) -> Rows:
     lens = x.query_lens.long()
     ends = lens.cumsum(0)
     starts = ends - lens
-    t = torch.arange(shape.packed)
+    t = torch.arange(shape.packed, device=lens.device)
     row_of = torch.searchsorted(ends, t, right=True).clamp(max=shape.batch - 1)
     # Inactive rows may carry any slot id: clamp reads, never write through them.
     slots = x.row_slots.long().clamp(0, x.pending.shape[0] - 1)
@@ -101,10 +101,10 @@ def _rows(shape: FrameShape, x: FrameInputs) -> Rows:
 
 
 def _prompt_rows(shape: FrameShape, x: FrameInputs) -> Tensor:
-    rows = torch.arange(shape.batch)
+    device = x.query_lens.device
     if not shape.prompt:
-        return torch.zeros(shape.batch, dtype=torch.bool)
-    return rows == x.prefill_row.long()
+        return torch.zeros(shape.batch, dtype=torch.bool, device=device)
+    return torch.arange(shape.batch, device=device) == x.prefill_row.long()
 
 
 def _packed_tokens(shape: FrameShape, x: FrameInputs, rows: Rows) -> tuple[Tensor, Tensor]:
@@ -126,7 +126,7 @@ def _sample_index(shape: FrameShape, rows: Rows) -> Tensor:
 
     Decode rows: each of their positions. The prompt row: its last token.
     """
-    k = torch.arange(shape.width)
+    k = torch.arange(shape.width, device=rows.lens.device)
     picks = rows.starts[:, None] + k[None, :]
     last = (rows.starts + rows.lens - 1).clamp(min=0)[:, None].expand(-1, shape.width)
     picks = torch.where(rows.is_prompt[:, None], last, picks)
@@ -136,7 +136,7 @@ def _sample_index(shape: FrameShape, rows: Rows) -> Tensor:
 def _verify_and_commit(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Tensor) -> dict[str, Tensor]:
     accepted = _accepted_drafts(shape, x, rows, targets)  # [B]
     bonus = targets.gather(1, accepted[:, None])[:, 0]
-    k = torch.arange(shape.width)[None, :]
+    k = torch.arange(shape.width, device=targets.device)[None, :]
     committed = torch.where(k == accepted[:, None], bonus[:, None], 0)
     if shape.width > 1:
         drafts = torch.cat([x.draft_tokens, torch.zeros_like(x.draft_tokens[:, :1])], dim=1)
@@ -161,8 +161,8 @@ def _verify_and_commit(shape: FrameShape, x: FrameInputs, rows: Rows, targets: T
 def _accepted_drafts(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Tensor) -> Tensor:
     """Leading drafts of each decode row that equal the target sampled before them."""
     if shape.width == 1:
-        return torch.zeros(shape.batch, dtype=torch.int64)
-    k = torch.arange(shape.width - 1)[None, :]
+        return torch.zeros(shape.batch, dtype=torch.int64, device=targets.device)
+    k = torch.arange(shape.width - 1, device=targets.device)[None, :]
     offered = (k + 1 < rows.lens[:, None]) & ~rows.is_prompt[:, None]
     match = (x.draft_tokens == targets[:, :-1]) & offered
     return match.long().cumprod(dim=1).sum(dim=1)
@@ -171,7 +171,7 @@ def _accepted_drafts(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Ten
 def _prompt_logprobs(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, hidden: Tensor) -> Tensor:
     """log P(token after position i) for the prompt row's tokens ``[C]`` (prompt row 0 at offset 0)."""
     logits = model.logits(w, hidden[: shape.prompt])[..., : model.config.sampled_vocab_size]
-    i = torch.arange(shape.prompt)
+    i = torch.arange(shape.prompt, device=hidden.device)
     length = x.query_lens[0].long()
     following = x.prompt_tokens[(i + 1).clamp(max=shape.prompt - 1)]
     following = torch.where(i == length - 1, x.next_prompt_token, following).clamp(0, logits.shape[-1] - 1)

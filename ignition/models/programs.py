@@ -40,14 +40,14 @@ class StateLayout:
         """Tokens one slot can hold (its page-table row full)."""
         return self.page_size * self.max_pages_per_slot
 
-    def new_state(self, config: Qwen3Config) -> dict[str, Tensor]:
+    def new_state(self, config: Qwen3Config, device: torch.device | str = "cpu") -> dict[str, Tensor]:
         """Zeroed state tensors, keyed by their program input names."""
         cache = (config.num_layers, self.num_pages, self.page_size, config.num_kv_heads, config.head_dim)
         return {
-            "k_cache": torch.zeros(cache, dtype=self.cache_dtype),
-            "v_cache": torch.zeros(cache, dtype=self.cache_dtype),
-            "pending": torch.zeros(self.request_slots, dtype=torch.int64),
-            "seq_lens": torch.zeros(self.request_slots, dtype=torch.int32),
+            "k_cache": torch.zeros(cache, dtype=self.cache_dtype, device=device),
+            "v_cache": torch.zeros(cache, dtype=self.cache_dtype, device=device),
+            "pending": torch.zeros(self.request_slots, dtype=torch.int64, device=device),
+            "seq_lens": torch.zeros(self.request_slots, dtype=torch.int32, device=device),
         }
 
 
@@ -107,7 +107,7 @@ class PrefillProgram(_Program):
     def forward(self, weights, k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens,
                 temperature, top_k, top_p, seed, prompt_tokens, prompt_start, prompt_final):
         common = (k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens, temperature, top_k, top_p, seed)
-        out = self.run(weights, common, prefill_row=torch.zeros(1, dtype=torch.int32), prompt_tokens=prompt_tokens,
+        out = self.run(weights, common, prefill_row=torch.zeros(1, dtype=torch.int32, device=query_lens.device), prompt_tokens=prompt_tokens,
                        prompt_start=prompt_start, prompt_final=prompt_final)
         return out["tokens"], out["num_tokens"]
 
@@ -120,7 +120,7 @@ class ScoredPrefillProgram(_Program):
     def forward(self, weights, k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens,
                 temperature, top_k, top_p, seed, prompt_tokens, prompt_start, prompt_final, next_prompt_token):
         common = (k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens, temperature, top_k, top_p, seed)
-        out = self.run(weights, common, prefill_row=torch.zeros(1, dtype=torch.int32), prompt_tokens=prompt_tokens,
+        out = self.run(weights, common, prefill_row=torch.zeros(1, dtype=torch.int32, device=query_lens.device), prompt_tokens=prompt_tokens,
                        prompt_start=prompt_start, prompt_final=prompt_final, next_prompt_token=next_prompt_token)
         return out["tokens"], out["num_tokens"], out["logprobs"]
 
