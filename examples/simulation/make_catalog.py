@@ -1,11 +1,14 @@
 """Writes catalog.yaml: a synthetic catalog shaped like a small model on one GPU.
 
 Run from the repository root: ``.venv/bin/python examples/simulation/make_catalog.py``.
-The durations follow a simple cost model (milliseconds): a fixed launch and
+The durations follow a simple cost model (milliseconds) of a sub-billion-parameter
+model replayed as prepared graphs on one datacenter GPU: a fixed launch and
 weight-read cost, a step per produced draft, and a per-row cost for target rows
-and prompt tokens. The shapes follow the capacity planner's envelope: power-of-two
+and prompt tokens. A 64-token prompt takes about 3 ms, a 2048-token chunk
+about 33 ms, a width-one decode of 16 rows under 4 ms. The shapes follow the capacity planner's envelope: power-of-two
 request buckets up to 16, speculative widths 2..8 with B * W <= 64 target rows,
-prompt buckets 64..2048, and mixed prefill+decode graphs at width one.
+prompt buckets 64..2048, and mixed prefill+decode graphs (every mixed prompt bucket at width
+one, one bucket per wider width, as the mixed contract's C8 lays out).
 """
 
 from pathlib import Path
@@ -15,20 +18,23 @@ import yaml
 TARGET_ROW_ENVELOPE = 64  # --speculative-token-capacity R
 BATCHES = (1, 2, 4, 8, 16)
 PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048)
-LAUNCH_MS = 5.0  # weight reads dominate a small batch
+MIXED_PROMPT_BUCKETS = (64, 256, 1024)
+MIXED_WIDE_BUCKET = 256
+MIXED_OVERHEAD_MS = 0.5  # gathering the two phases' operands into their workspaces
+LAUNCH_MS = 2.5  # one replay of a small model: weight reads dominate a small batch
 
 
 def decode_ms(batch: int) -> float:
-    return LAUNCH_MS + 0.15 * batch
+    return LAUNCH_MS + 0.08 * batch
 
 
 def speculative_ms(batch: int, width: int, rows: int) -> float:
-    drafts = width - 1
-    return LAUNCH_MS + 0.8 * drafts + 0.05 * rows + 0.1 * batch
+    drafts = width - 1  # each draft position is one sequential step of the draft model
+    return LAUNCH_MS + 0.5 * drafts + 0.03 * rows + 0.05 * batch
 
 
 def prefill_ms(tokens: int) -> float:
-    return 4.0 + 0.03 * tokens
+    return 2.0 + 0.015 * tokens
 
 
 def graphs() -> list[dict]:
@@ -40,9 +46,26 @@ def graphs() -> list[dict]:
                             "duration_ms": round(speculative_ms(b, w, b * w), 2)})
     out += [{"kind": "prefill", "batch_capacity": 1, "prefill_capacity": t, "duration_ms": round(prefill_ms(t), 2)}
             for t in PROMPT_BUCKETS]
-    out += [{"kind": "mixed", "batch_capacity": b, "prefill_capacity": t,
-             "duration_ms": round(prefill_ms(t) + decode_ms(b) - LAUNCH_MS + 1.0, 2)}
-            for b in BATCHES[1:] for t in (64, 256, 1024)]
+    return out + mixed_graphs()
+
+
+def mixed_graphs() -> list[dict]:
+    """Mixed contract (spec C8): every mixed prompt bucket at width one, one bucket per wider width.
+
+    The wider widths use the bucket minimizing max(P / P_min, P_max / P) over
+    the mixed prompt buckets, which is 256 for 64..1024.
+    """
+    out = []
+    for b in BATCHES[1:]:
+        for t in MIXED_PROMPT_BUCKETS:
+            out.append({"kind": "mixed", "batch_capacity": b, "prefill_capacity": t,
+                        "duration_ms": round(prefill_ms(t) + decode_ms(b) - LAUNCH_MS + MIXED_OVERHEAD_MS, 2)})
+        for w in range(2, 9):
+            if b * w <= TARGET_ROW_ENVELOPE:
+                rows = (b - 1) * w
+                out.append({"kind": "mixed", "batch_capacity": b, "prefill_capacity": MIXED_WIDE_BUCKET, "width": w,
+                            "duration_ms": round(prefill_ms(MIXED_WIDE_BUCKET) + speculative_ms(b, w, rows) - LAUNCH_MS
+                                                 + MIXED_OVERHEAD_MS, 2)})
     return out
 
 
