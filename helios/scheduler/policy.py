@@ -35,8 +35,8 @@ from helios.scheduler.utility import (
     AdaptiveLane,
     RankedLanes,
     adaptive_orderings,
+    best_adaptive_cohort,
     best_constrained_cohort,
-    causal_allocation,
     decision_log_scale,
     decode_lane_value,
     optimistic_work_score,
@@ -427,19 +427,15 @@ def _adaptive_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timi
     if not lanes:
         return None
     t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
-    limit = min(graph.batch_capacity, graph.target_rows, len(lanes))
-    best, seen = None, set()
-    for order in orders.values():
-        for k in range(1, limit + 1):
-            chosen = tuple(sorted(order[:k]))
-            if chosen in seen:
-                continue
-            seen.add(chosen)
-            taken, value = causal_allocation([lanes[j][1] for j in chosen], graph.target_rows)
-            value += t_ms * sum(lanes[j][2] for j in chosen)
-            if best is None or value > best[0]:
-                best = (value, chosen, taken)
-    value, chosen, taken = best
+    value, chosen, taken = best_adaptive_cohort(
+        [lane for _, lane, _ in lanes],
+        graph.batch_capacity,
+        graph.target_rows,
+        orders=orders,
+        extra=[t_ms * slope for _, _, slope in lanes],
+    )
+    if not chosen:
+        return None
     score = value_rate(value, t_ms, sel.pop.active_age_price) if timing.known else optimistic_work_score(value)
     d = sel.pop.decoders
 

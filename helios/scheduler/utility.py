@@ -230,23 +230,33 @@ def adaptive_orderings(lanes: Sequence[AdaptiveLane]) -> dict[str, tuple[int, ..
 
 
 def best_adaptive_cohort(
-    lanes: Sequence[AdaptiveLane], batch: int, rows: int
+    lanes: Sequence[AdaptiveLane],
+    batch: int,
+    rows: int,
+    *,
+    orders: dict[str, tuple[int, ...]] | None = None,
+    extra: Sequence[float] | None = None,
 ) -> tuple[float, tuple[int, ...], tuple[int, ...]]:
     """Best cohort prefix over the three orderings, priced by its causal allocation.
 
+    ``orders`` may be precomputed once per decision (they do not depend on the
+    graph); ``extra`` adds a per-lane value that does (the c*sigma*T age credit).
     Returns (value, chosen lane indices, rows allocated to each chosen lane).
     Evaluates at most 3 * min(B, P, n) prefixes: bounded, never exponential.
     """
-    best: tuple[float, tuple[int, ...], tuple[int, ...]] = (0.0, (), ())
+    orders = orders if orders is not None else adaptive_orderings(lanes)
+    best: tuple[float, tuple[int, ...], tuple[int, ...]] | None = None
     limit = min(batch, rows, len(lanes))
     seen: set[tuple[int, ...]] = set()
-    for order in adaptive_orderings(lanes).values():
+    for order in orders.values():
         for k in range(1, limit + 1):
             chosen = tuple(sorted(order[:k]))
             if chosen in seen:
                 continue
             seen.add(chosen)
             taken, value = causal_allocation([lanes[i] for i in chosen], rows)
-            if value > best[0]:
+            if extra is not None:
+                value += sum(extra[i] for i in chosen)
+            if best is None or value > best[0]:
                 best = (value, chosen, taken)
-    return best
+    return best if best is not None else (0.0, (), ())
