@@ -28,10 +28,19 @@ accepted+1..offered (S6). If the round terminated the request, the rejected
 suffix says nothing about the drafts (the output stopped, it did not reject),
 so only the accepted prefix is observed. Width-one rounds offer nothing and so
 observe nothing. ``observe`` takes per-depth values in [0, 1], so the survival
-products of S10 can replace the binary values unchanged. Confidence
-forecasts (S7, next issue) share the prior, the weights, the cap and the
-aging; they differ in their step toward each completed joint-prefix
-probability, so they belong beside this class, not inside it.
+products of S10 replace the binary values at the depths they cover
+(``survival_observations``).
+
+Confidence forecasts (S7) are a second ``PrefixSurvival`` per request, fed
+with the program's completed joint-prefix probabilities instead of verified
+outcomes. They share the weights, the cap and the aging; their unobserved
+depths sit at a scheduler-wide ``PopulationPrior`` that starts at 0.5**d and
+moves 1/64 of the way toward every completed prefix probability. Forecast
+observations stop at the lane's frozen ceiling min(D + 1, W), read in target
+rows: depths 1..ceiling-1 are the drafts that lane could have verified.
+
+S12: ``ProposalDraws`` counts learned-proposal draws for sampling metrics;
+copy rounds (prompt lookup) supply a prefix and draw nothing.
 """
 
 from __future__ import annotations
@@ -44,11 +53,42 @@ PRIOR_WEIGHT = 2.0
 WEIGHT_CAP = 128.0
 HALF_LIFE_TOKENS = 128.0
 OPTIMISM_LOG_TERM = math.log(20.0)  # S9: mean + sqrt(ln 20 / (2 w))
+POPULATION_STEP = 1.0 / 64.0  # S7: the population prior's step toward each completed probability
+PROPOSAL_SOURCES = ("learned", "copy")
 
 
 def prior_survival(depth: int) -> float:
     """The population prior for depth d >= 1: 0.5 ** d."""
     return 0.5**depth
+
+
+def _check_probabilities(name: str, values: Sequence[float]) -> None:
+    for depth, value in enumerate(values, start=1):
+        if not 0.0 <= value <= 1.0:  # NaN fails too
+            raise ValueError(f"{name} at depth {depth} must be a probability in [0, 1], got {value!r}")
+
+
+@dataclass(slots=True)
+class PopulationPrior:
+    """Scheduler-wide starting point of every request's confidence forecast (S7).
+
+    Depth d starts at 0.5**d and moves 1/64 of the way toward each completed
+    joint-prefix probability observed at that depth, from any request.
+    """
+
+    means: list[float] = field(default_factory=list)
+
+    def mean(self, depth: int) -> float:
+        _check_depth(depth)
+        return self.means[depth - 1] if depth <= len(self.means) else prior_survival(depth)
+
+    def observe(self, probabilities: Sequence[float]) -> None:
+        """One lane's completed prefix probabilities, ``probabilities[d - 1]`` at depth d."""
+        _check_probabilities("joint-prefix probability", probabilities)
+        while len(self.means) < len(probabilities):
+            self.means.append(prior_survival(len(self.means) + 1))
+        for index, value in enumerate(probabilities):
+            self.means[index] += (value - self.means[index]) * POPULATION_STEP
 
 
 @dataclass(slots=True)
@@ -82,6 +122,48 @@ def round_observations(offered: int, accepted: int, terminated: bool) -> tuple[f
     if terminated:
         return accepted_part
     return accepted_part + (0.0,) * (offered - accepted)
+
+
+def survival_observations(
+    offered: int, accepted: int, terminated: bool, survival: Sequence[float] | None
+) -> tuple[float, ...]:
+    """A round's per-depth observations with survival products in place of binary ones (S10).
+
+    ``survival[d - 1]`` is the program's cumulative product of min(1, p/q)
+    through draft d. It replaces the binary value at every depth the round
+    observes and the row covers; it never adds depths the round did not
+    observe (unoffered drafts, or a suffix censored by termination).
+    """
+    binary = round_observations(offered, accepted, terminated)
+    if survival is None:
+        return binary
+    _check_probabilities("survival", survival)
+    covered = min(len(survival), len(binary))
+    return tuple(survival[:covered]) + binary[covered:]
+
+
+def rank_zero_confidence(per_rank: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    """The confidence row that drives decisions: rank zero's, after checking every rank (S11).
+
+    Peers need not agree bitwise with rank zero, but each must hold valid
+    probabilities; a malformed peer means a broken program, so it is an error.
+    """
+    if not per_rank:
+        raise ValueError("confidence needs one row per rank (rank zero first), got none")
+    for rank, row in enumerate(per_rank):
+        _check_probabilities(f"rank {rank} confidence", row)
+    return tuple(float(p) for p in per_rank[0])
+
+
+def forecast_observations(probabilities: Sequence[float], ceiling: int) -> tuple[float, ...]:
+    """The prefix probabilities a lane's forecast may learn from: depths below its ceiling (D8, S7).
+
+    ``ceiling`` is the lane's frozen min(D + 1, W) in target rows, the
+    pending token included, so the lane could verify at most ceiling - 1 drafts.
+    """
+    if ceiling < 1:
+        raise ValueError(f"a lane ceiling counts target rows and is >= 1, got {ceiling}")
+    return tuple(probabilities[: ceiling - 1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,18 +204,22 @@ class PrefixSurvival:
 
     depths: list[PrefixEstimate] = field(default_factory=list)
     prior_weight: float = PRIOR_WEIGHT
+    population: PopulationPrior | None = None  # forecasts (S7): prior means come from here
+
+    def _prior_mean(self, depth: int) -> float:
+        return self.population.mean(depth) if self.population is not None else prior_survival(depth)
 
     def _estimate(self, depth: int) -> PrefixEstimate:
         """The stored estimate at ``depth``, or a detached prior one (reads never store)."""
         _check_depth(depth)
         if depth <= len(self.depths):
             return self.depths[depth - 1]
-        return PrefixEstimate(prior_survival(depth), self.prior_weight)
+        return PrefixEstimate(self._prior_mean(depth), self.prior_weight)
 
     def _stored(self, depth: int) -> PrefixEstimate:
         _check_depth(depth)
         while len(self.depths) < depth:
-            self.depths.append(PrefixEstimate(prior_survival(len(self.depths) + 1), self.prior_weight))
+            self.depths.append(PrefixEstimate(self._prior_mean(len(self.depths) + 1), self.prior_weight))
         return self.depths[depth - 1]
 
     def survival(self, depth: int) -> float:
@@ -160,6 +246,14 @@ class PrefixSurvival:
                 raise ValueError(f"acceptance observation at depth {depth} must be in [0, 1], got {value!r}")
         for depth, value in enumerate(values, start=1):
             self._stored(depth).observe(value)
+
+    def weights(self, depths: int) -> tuple[float, ...]:
+        """Aged weights of depths 1..depths (how informed each prefix is; probes rank by it)."""
+        return tuple(self.weight(depth) for depth in range(1, depths + 1))
+
+    def means(self, depths: int) -> tuple[float, ...]:
+        """Means of depths 1..depths as stored (no envelope applied)."""
+        return tuple(self.survival(depth) for depth in range(1, depths + 1))
 
     def age(self, generated_tokens: int) -> None:
         """Decay every depth's weight, the prior's included, for tokens generated (half-life 128)."""
@@ -205,17 +299,80 @@ class PrefixSurvival:
         return tuple(totals)
 
 
+@dataclass(frozen=True, slots=True)
+class CompletedRound:
+    """One lane's validated outcome of one completed round, as the estimates need it.
+
+    source           proposal source ("learned", "copy"); None for an ordinary decode row
+    generated_tokens tokens the round committed for the lane (ages every estimate)
+    offered          drafts verified for the lane; accepted: its accepted prefix
+    terminated       the round ended the request (censors the rejected suffix)
+    survival         completion_speculative_survival row, if the program wrote one (S10)
+    confidence       joint-prefix probabilities, one row per rank, rank zero first (S7, S11)
+    ceiling          the lane's frozen min(D + 1, W) (prefix-limit rounds; needed with confidence)
+    """
+
+    source: str | None
+    generated_tokens: int
+    offered: int = 0
+    accepted: int = 0
+    terminated: bool = False
+    survival: tuple[float, ...] | None = None
+    confidence: tuple[tuple[float, ...], ...] | None = None
+    ceiling: int = 0
+
+
 @dataclass(slots=True)
 class RequestAcceptance:
-    """A request's acceptance estimates, one ``PrefixSurvival`` per proposal source (S6).
+    """A request's acceptance estimates, one ``PrefixSurvival`` per proposal source (S6),
+    and its confidence forecast (S7) once a confidence-producing round completes.
 
-    A source first used late starts from the prior aged by everything the
-    request generated so far, the same state it would have had if created at
-    admission.
+    A source (or the forecast) first used late starts from the prior aged by
+    everything the request generated so far, the same state it would have had
+    if created at admission.
     """
 
     by_source: dict[str, PrefixSurvival] = field(default_factory=dict)
     prior_weight: float = PRIOR_WEIGHT
+    forecast: PrefixSurvival | None = None
+
+    def forecast_estimates(self, population: PopulationPrior) -> PrefixSurvival:
+        """The request's forecast of joint-prefix probabilities (S7), for reading.
+
+        Before its first confidence round this is a detached prior (stored
+        nowhere): only completed rounds change forecasts (S11).
+        """
+        if self.forecast is None:
+            return PrefixSurvival(prior_weight=self.prior_weight, population=population)
+        return self.forecast
+
+    def complete(self, outcome: CompletedRound, population: PopulationPrior | None = None) -> None:
+        """Everything one completed round does to this request's estimates, in order.
+
+        Age by the committed tokens; fold the verified outcome (survival
+        products where the program wrote them); then, for a confidence round,
+        fold rank zero's prefix probabilities below the lane's ceiling into
+        the forecast and, after that, into the population prior. Rows are
+        validated before anything changes.
+        """
+        observations = survival_observations(outcome.offered, outcome.accepted, outcome.terminated, outcome.survival)
+        forecast = self._forecast_row(outcome, population)
+        self.age(outcome.generated_tokens)
+        if outcome.source is not None and observations:
+            self.source(outcome.source).observe(observations)
+        if forecast:
+            if self.forecast is None:
+                self.forecast = PrefixSurvival(prior_weight=self.prior_weight, population=population)
+            self.forecast.observe(forecast)
+            population.observe(forecast)
+
+    @staticmethod
+    def _forecast_row(outcome: CompletedRound, population: PopulationPrior | None) -> tuple[float, ...]:
+        if outcome.confidence is None:
+            return ()
+        if population is None:
+            raise ValueError("a round with confidence rows needs the scheduler's PopulationPrior")
+        return forecast_observations(rank_zero_confidence(outcome.confidence), outcome.ceiling)
 
     def source(self, name: str) -> PrefixSurvival:
         """The estimates for ``name`` ("learned", "copy")."""
@@ -246,7 +403,33 @@ class RequestAcceptance:
             self.observe_round(source, offered, accepted, terminated)
 
     def age(self, generated_tokens: int) -> None:
-        """Age every source by tokens the request generated (any phase, any source)."""
+        """Age every source, and the forecast, by tokens the request generated (any phase, any source)."""
         self.prior_weight *= aging_factor(generated_tokens)
         for estimates in self.by_source.values():
             estimates.age(generated_tokens)
+        if self.forecast is not None:
+            self.forecast.age(generated_tokens)
+
+
+@dataclass(slots=True)
+class ProposalDraws:
+    """Sampling-metric counts of proposals (S12).
+
+    ``learned_draws`` counts candidate positions a learned draft produced
+    (greedy ones included): the program's D for every active lane. A copy
+    round supplies a prompt-lookup prefix that D only bounds; it draws
+    nothing, so it only adds to ``copy_rounds``.
+    """
+
+    learned_draws: int = 0
+    copy_rounds: int = 0
+
+    def record(self, source: str, lanes: int, proposal_depth: int) -> None:
+        if source not in PROPOSAL_SOURCES:
+            raise ValueError(f"unknown proposal source {source!r}; expected one of {PROPOSAL_SOURCES}")
+        if lanes < 0 or proposal_depth < 0:
+            raise ValueError(f"lanes and proposal_depth must be >= 0, got {lanes}, {proposal_depth}")
+        if source == "learned":
+            self.learned_draws += lanes * proposal_depth
+        else:
+            self.copy_rounds += 1
