@@ -22,7 +22,8 @@ from ignition.capacity import CapacityOptions, CapacityPlan, plan_capacity
 from ignition.capacity.plan import check_options
 from ignition.capture.build import COMPILE_MODES, CaptureError, CaptureObserver, CaptureSummary, write_catalog
 from ignition.capture.source import CaptureSource
-from ignition.models.checkpoint import load_checkpoint
+from ignition.capture.staging import check_target
+from ignition.models.checkpoint import load_checkpoint, load_config
 from ignition.models.programs import StateLayout, build_program
 from ignition.recipes import Recipe, load_recipe
 
@@ -49,17 +50,27 @@ class CaptureRequest:
 def capture(request: CaptureRequest, observer: CaptureObserver | None = None) -> CaptureSummary:
     """Capture ``request.recipe`` into ``request.out`` (atomically), reporting each step."""
     observer = observer or CaptureObserver()
-    if request.compile != "none":  # fail before minutes of loading, not after
+    recipe, plan = preflight(request)
+    observer.step(f"load checkpoint {_reference(recipe.checkpoint_folder(request.model))}")
+    source = model_source(recipe, plan, request.model)
+    return write_catalog(source, request.out, observer, request.compile)
+
+
+def preflight(request: CaptureRequest) -> tuple[Recipe, CapacityPlan]:
+    """Every cheap check, before any output: bad input fails fast with one line."""
+    if request.compile != "none":
         raise CaptureError(f"--compile {request.compile} is not supported yet; use --compile none (export only)")
-    observer.step("resolve recipe")
     recipe = load_recipe(request.recipe)
     check_options(recipe, request.options)  # a flag error needs no checkpoint
     recipe = recipe.resolve(request.model)
-    observer.step("plan capacity")
     plan = plan_capacity(recipe, request.options)
-    observer.step("load checkpoint")
-    source = model_source(recipe, plan, request.model)
-    return write_catalog(source, request.out, observer, request.compile)
+    folder = recipe.checkpoint_folder(request.model)
+    load_config(folder)  # config.json and tokenizer.json readable
+    if not any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise CaptureError(f"{folder}: no model.safetensors or model.safetensors.index.json; "
+                           "a checkpoint folder needs its safetensors weights")
+    check_target(request.out)
+    return recipe, plan
 
 
 def state_layout(recipe: Recipe, plan: CapacityPlan) -> StateLayout:

@@ -28,7 +28,7 @@ def staged_folder(target: Path) -> Iterator[Path]:
     and the staging folder is removed (or, after a crash, left as an ignorable
     ``.<name>.staging-*`` folder that never has a manifest at ``target``).
     """
-    parent = _writable_parent(target)
+    parent = check_target(target)
     staging = parent / f".{target.name}.staging-{secrets.token_hex(6)}"
     staging.mkdir()  # not mkdtemp: the catalog keeps the umask's permissions, not 0700
     try:
@@ -38,10 +38,14 @@ def staged_folder(target: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _writable_parent(target: Path) -> Path:
+def check_target(target: Path) -> Path:
+    """The folder the catalog will be renamed into; raises ``StagingError`` if unusable."""
     parent = target.parent
     if target.exists() and not target.is_dir():
         raise StagingError(f"{target}: exists and is not a folder; choose another --out")
+    blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise StagingError(f"{blocking}: is a file, not a folder; choose an --out inside a writable folder")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -102,7 +102,7 @@ def test_completed_recapture_replaces_the_previous_catalog(tmp_path, tokenizer):
 def test_unwritable_out_is_a_clear_error(tmp_path, tokenizer):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(StagingError, match="cannot create the output folder"):
+    with pytest.raises(StagingError, match="is a file, not a folder"):
         write_catalog(stand_in_source(tokenizer), blocker / "c")
     with pytest.raises(StagingError, match="not a folder"):
         write_catalog(stand_in_source(tokenizer), blocker)
