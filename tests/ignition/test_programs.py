@@ -348,3 +348,35 @@ def test_program_signature_lists_inputs_in_call_order():
 def test_bad_descriptors_are_rejected_with_a_reason(desc, message):
     with pytest.raises(ValueError, match=message):
         build_program(desc, CONFIG, LAYOUT)
+
+
+def test_C14_mixed_without_a_prompt_row_equals_speculative_verification():
+    """prefill_row = -1: a decode-only population runs in a mixed program like in a speculative one."""
+    spec_desc = GraphDescriptor("spec-4x3", GraphKind.SPECULATIVE, 4, proposal_depth=2, width=3)
+    results = []
+    for desc, extra in ((MIXED, dict(prefill_row=[-1])), (spec_desc, {})):
+        h = Harness()
+        for slot in (0, 2):
+            h.prefill(slot, _prompt(6 + slot, 30 + slot), SAMPLED)
+        drafts = torch.tensor([[5, 6], [7, 8], [0, 0], [0, 0]])
+        rows = [dict(slot=2, length=3, **SAMPLED), dict(slot=0, length=2, **SAMPLED)]
+        out = h.run(build_program(desc, CONFIG, LAYOUT, WEIGHTS), rows=rows, draft_tokens=drafts, **extra)
+        results.append((out, h.state))
+    (mixed_out, mixed_state), (spec_out, spec_state) = results
+    assert torch.equal(mixed_out["tokens"], spec_out["tokens"])
+    assert torch.equal(mixed_out["num_tokens"], spec_out["num_tokens"])
+    for name in mixed_state:
+        assert torch.equal(mixed_state[name], spec_state[name]), name
+
+
+def test_C4_width_one_speculative_variant_decodes_like_decode():
+    """Width-one speculative programs (D = 0) behave as ordinary decode for now."""
+    width_one = GraphDescriptor("spec-2x1", GraphKind.SPECULATIVE, 2, width=1, speculation_enabled=True)
+    decode = GraphDescriptor("decode-2", GraphKind.DECODE, 2)
+    streams = []
+    for desc in (width_one, decode):
+        h = Harness()
+        h.prefill(1, _prompt(9, 41), SAMPLED)
+        spec = build_program(desc, CONFIG, LAYOUT, WEIGHTS)
+        streams.append([int(h.run(spec, rows=[dict(slot=1, length=1, **SAMPLED)])["tokens"][0, 0]) for _ in range(4)])
+    assert streams[0] == streams[1]
