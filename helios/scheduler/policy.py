@@ -37,6 +37,7 @@ from helios.scheduler.utility import (
     adaptive_orderings,
     best_adaptive_cohort,
     best_constrained_cohort,
+    ordering_prefix_values,
     decision_log_scale,
     decode_lane_value,
     optimistic_work_score,
@@ -216,19 +217,29 @@ class _Selector:
         self.decode_rankings: dict[tuple[str | None, int], _DecodeRanking] = {}
         self.prompt_rankings: dict[int, tuple[RankedLanes, list[int]]] = {}
         self.adaptive_lanes: dict[tuple[str | None, int], list[tuple[int, AdaptiveLane, float]]] = {}
+        self.adaptive_prefixes: dict[tuple, list[float]] = {}
+        self.cumulative: dict[tuple[int, str], list[float]] = {}
 
     # -- decoders ---------------------------------------------------------
 
     def _expected_tokens(self, i: int, source: str | None, length: int) -> float | None:
-        d = self.pop.decoders
+        """S5: 1 + sum of s_d ** alpha over the lane's draft positions, within its room."""
         if length == 1 and source is None:
             return 1.0
-        survival = d.survival[i].get(source) if source is not None else None
-        if survival is None:
+        if source is None:
             return None
-        alpha = self.pop.alpha
-        drafts = sum(s ** alpha for s in survival[: length - 1])
-        return min(float(d.room[i]), 1.0 + drafts)
+        gains = self.cumulative.get((i, source))
+        if gains is None:
+            survival = self.pop.decoders.survival[i].get(source)
+            if survival is None:
+                return None
+            alpha = self.pop.alpha
+            gains = [0.0]
+            for s in survival:
+                gains.append(gains[-1] + s ** alpha)
+            self.cumulative[(i, source)] = gains
+        drafts = gains[min(length - 1, len(gains) - 1)]
+        return min(float(self.pop.decoders.room[i]), 1.0 + drafts)
 
     def decode_ranking(self, source: str | None, width: int) -> _DecodeRanking:
         key = (source, width)
@@ -427,12 +438,22 @@ def _adaptive_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timi
     if not lanes:
         return None
     t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
+    plain = [lane for _, lane, _ in lanes]
+    key = (_proposal_source(graph), _logical_width(graph))
+
+    def prefix_values(name, order, rows, limit):
+        cached = sel.adaptive_prefixes.get((key, name, rows))
+        if cached is None or len(cached) < limit:
+            cached = sel.adaptive_prefixes[(key, name, rows)] = ordering_prefix_values(plain, order, rows, limit)
+        return cached
+
     value, chosen, taken = best_adaptive_cohort(
-        [lane for _, lane, _ in lanes],
+        plain,
         graph.batch_capacity,
         graph.target_rows,
         orders=orders,
         extra=[t_ms * slope for _, _, slope in lanes],
+        prefix_values=prefix_values,
     )
     if not chosen:
         return None

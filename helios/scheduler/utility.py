@@ -10,6 +10,7 @@ value per millisecond.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass
@@ -229,6 +230,35 @@ def adaptive_orderings(lanes: Sequence[AdaptiveLane]) -> dict[str, tuple[int, ..
     }
 
 
+def ordering_prefix_values(
+    lanes: Sequence[AdaptiveLane], order: Sequence[int], rows: int, limit: int | None = None
+) -> list[float]:
+    """Causal-allocation value of every cohort prefix ``order[:k]``, k = 1..limit, in one pass.
+
+    ``limit`` defaults to min(rows, n), the most lanes the rows can hold.
+
+    The device's allocation of a prefix is its pending rows plus the best
+    ``rows - k`` draft positions by (probability desc, depth, slot) among its
+    lanes (see :func:`causal_allocation`). Keeping those positions in one sorted
+    list as lanes join makes each prefix cost one insertion per draft position
+    and one slice sum, instead of a fresh allocation.
+    """
+    keys: list[tuple[float, int, int]] = []
+    gains: list[float] = []
+    base, out = 0.0, []
+    most = min(rows, len(order)) if limit is None else min(limit, rows, len(order))
+    for k in range(1, most + 1):
+        lane = lanes[order[k - 1]]
+        base += lane.base
+        for depth, p in enumerate(lane.survival, start=1):
+            key = (-p, depth, lane.slot)
+            at = bisect.bisect(keys, key)
+            keys.insert(at, key)
+            gains.insert(at, lane.token_price * lane.weights[depth - 1])
+        out.append(base + sum(gains[: rows - k]))
+    return out
+
+
 def best_adaptive_cohort(
     lanes: Sequence[AdaptiveLane],
     batch: int,
@@ -236,27 +266,34 @@ def best_adaptive_cohort(
     *,
     orders: dict[str, tuple[int, ...]] | None = None,
     extra: Sequence[float] | None = None,
+    prefix_values=None,
 ) -> tuple[float, tuple[int, ...], tuple[int, ...]]:
     """Best cohort prefix over the three orderings, priced by its causal allocation.
 
     ``orders`` may be precomputed once per decision (they do not depend on the
-    graph); ``extra`` adds a per-lane value that does (the c*sigma*T age credit).
-    Returns (value, chosen lane indices, rows allocated to each chosen lane).
-    Evaluates at most 3 * min(B, P, n) prefixes: bounded, never exponential.
+    graph); ``extra`` adds a per-lane value that does (the c*sigma*T age credit);
+    ``prefix_values(name, order, rows, limit)`` may memoize :func:`ordering_prefix_values`
+    across graphs sharing P. Returns (value, chosen lane indices, rows allocated
+    to each chosen lane). Evaluates at most 3 * min(B, P, n) prefixes: bounded,
+    never exponential.
     """
     orders = orders if orders is not None else adaptive_orderings(lanes)
-    best: tuple[float, tuple[int, ...], tuple[int, ...]] | None = None
+    best: tuple[float, str, int] | None = None
     limit = min(batch, rows, len(lanes))
-    seen: set[tuple[int, ...]] = set()
-    for order in orders.values():
+    for name, order in orders.items():
+        if prefix_values is not None:
+            values = prefix_values(name, order, rows, limit)
+        else:
+            values = ordering_prefix_values(lanes, order, rows, limit)
+        added = 0.0
         for k in range(1, limit + 1):
-            chosen = tuple(sorted(order[:k]))
-            if chosen in seen:
-                continue
-            seen.add(chosen)
-            taken, value = causal_allocation([lanes[i] for i in chosen], rows)
-            if extra is not None:
-                value += sum(extra[i] for i in chosen)
+            added += extra[order[k - 1]] if extra is not None else 0.0
+            value = values[k - 1] + added
             if best is None or value > best[0]:
-                best = (value, chosen, taken)
-    return best if best is not None else (0.0, (), ())
+                best = (value, name, k)
+    if best is None:
+        return (0.0, (), ())
+    value, name, k = best
+    chosen = tuple(sorted(orders[name][:k]))
+    taken, _ = causal_allocation([lanes[i] for i in chosen], rows)
+    return value, chosen, taken
