@@ -6,8 +6,10 @@ and ``helios`` (before loading programs) import it; it holds no model code.
 
 Each op has a fake kernel so ``torch.export`` can trace it, and a CPU kernel
 whose work follows the real sequence lengths rather than the program's fixed
-capacities. A CUDA kernel is added by registering another implementation for
-the ``"cuda"`` device on the same op (see ``kv_cache.py``).
+capacities. The kernels are registered for ``device_types="cpu"``; a CUDA
+kernel joins the same op with ``torch.library.register_kernel(
+"flare::write_kv", "cuda", fn)`` (and likewise for the others), so programs
+exported on either device call the same op names.
 """
 
 from helios.ops import attention, kv_cache, slot_state  # noqa: F401  (registers the ops)
