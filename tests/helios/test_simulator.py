@@ -279,3 +279,28 @@ def test_cli_bad_trace_and_missing_file_are_one_line_exit_2(tmp_path):
     missing = _invoke(tmp_path / "nope.yaml", trace)
     assert missing.exit_code == 2 and "nope.yaml: cannot read the file" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_S2_prefix_limit_rounds_complete_as_packed_rounds_with_the_real_scheduler():
+    """Device-allocated rounds go through complete_packed_round and commit what the device allocated."""
+    catalog = parse_catalog({
+        "graphs": [
+            {"kind": "prefill", "batch_capacity": 1, "prefill_capacity": 64, "duration_ms": 3},
+            {"kind": "speculative", "batch_capacity": 4, "width": 8, "ragged": True, "aggregate": 12,
+             "value_source": "prefix_limit", "duration_ms": 6},
+        ],
+    })
+    trace = parse_trace(_trace(
+        _request("sure", max_tokens=40, accepted_drafts=7),
+        _request("never", max_tokens=40, accepted_drafts=0),
+        _request("unsure", max_tokens=40, acceptance=[0.9, 0.7, 0.5, 0.3]),
+    ))
+    result = Simulation(catalog, trace).run()
+    assert not result.stalled and all(o.finished_ns is not None for o in result.requests)
+    assert all(o.tokens == 40 for o in result.requests)
+    rounds = [p for p in result.plans if p.graph.kind.value == "speculative"]
+    assert rounds, "the prefix-limit program ran"
+    # never-accepting drafts: every round commits exactly the pending token
+    assert all(b.tokens == 1 for b in result.request("never").bursts)
+    # the sure request gets more rows than the one whose drafts never survive
+    assert len(result.request("sure").bursts) < len(result.request("never").bursts)
