@@ -131,14 +131,15 @@ class _Entry:
             self.fail(name, f"expected an integer >= {minimum}, got {value}")
         return value
 
-    def number(self, name: str, default: Any = ..., minimum: float = 0.0) -> float:
+    def number(self, name: str, default: Any = ..., minimum: float = 0.0, positive: bool = False) -> float:
         value = self.raw(name, default)
         if value is default and default is not ...:
             return value
+        wanted = "a finite number > 0" if positive else f"a finite number >= {minimum:g}"
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.fail(name, f"expected a finite number >= {minimum:g}, got {_describe(value)}")
-        if value < minimum:
-            self.fail(name, f"expected a finite number >= {minimum:g}, got {value}")
+            self.fail(name, f"expected {wanted}, got {_describe(value)}")
+        if value < minimum or (positive and value <= 0):
+            self.fail(name, f"expected {wanted}, got {value}")
         return float(value)
 
     def boolean(self, name: str, default: bool) -> bool:
@@ -233,9 +234,7 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> SyntheticCatalog:
 def _parse_graph(entry: _Entry) -> SyntheticGraph:
     kind = GraphKind(entry.choice("kind", tuple(k.value for k in SIMULATED_KINDS)))
     shape = _graph_shape(entry, kind)
-    duration_ms = entry.number("duration_ms")
-    if duration_ms <= 0:
-        entry.fail("duration_ms", f"expected a positive number of milliseconds, got {duration_ms:g}")
+    duration_ms = entry.number("duration_ms", positive=True)
     jitter_ms = entry.number("jitter_ms", 0.0)
     if jitter_ms >= duration_ms:
         entry.fail("jitter_ms", f"expected less than duration_ms ({duration_ms:g}), got {jitter_ms:g}")

@@ -102,8 +102,8 @@ def _catalog_error(graph_changes: dict, drop: str | None = None) -> str:
     "changes, drop, expected",
     [
         ({"kind": "warp"}, None, "field 'kind': got 'warp'; allowed: prefill, decode, speculative, mixed"),
-        ({"duration_ms": -3}, None, "field 'duration_ms': expected a finite number >= 0, got -3"),
-        ({"duration_ms": 0}, None, "field 'duration_ms': expected a positive number of milliseconds"),
+        ({"duration_ms": -3}, None, "field 'duration_ms': expected a finite number > 0, got -3"),
+        ({"duration_ms": 0}, None, "field 'duration_ms': expected a finite number > 0, got 0"),
         ({}, "batch_capacity", "field 'batch_capacity': is required"),
         ({}, "duration_ms", "field 'duration_ms': is required"),
         ({"batch_capacity": "four"}, None, "field 'batch_capacity': expected an integer >= 1, got 'four'"),

@@ -256,7 +256,7 @@ def test_cli_until_ms_stops_the_clock():
     "catalog_graph, expected",
     [
         ({"kind": "warp", "batch_capacity": 1, "duration_ms": 5}, "field 'kind': got 'warp'; allowed:"),
-        ({"kind": "decode", "batch_capacity": 1, "duration_ms": -5}, "field 'duration_ms': expected a finite number >= 0, got -5"),
+        ({"kind": "decode", "batch_capacity": 1, "duration_ms": -5}, "field 'duration_ms': expected a finite number > 0, got -5"),
         ({"kind": "decode", "duration_ms": 5}, "field 'batch_capacity': is required"),
     ],
 )
@@ -304,3 +304,26 @@ def test_S2_prefix_limit_rounds_complete_as_packed_rounds_with_the_real_schedule
     assert all(b.tokens == 1 for b in result.request("never").bursts)
     # the sure request gets more rows than the one whose drafts never survive
     assert len(result.request("sure").bursts) < len(result.request("never").bursts)
+
+
+def test_S8_preseeded_history_starts_speculation_at_the_width_it_supports():
+    """preseed_acceptance: 64 observed rounds of 7 accepted drafts make the first round the widest.
+
+    Untrained, the request starts at the prior 0.5^d, so its first speculative
+    round is narrow; preseeded with its own acceptance, the first round already
+    uses the full width.
+    """
+    catalog = parse_catalog({
+        "graphs": [
+            {"kind": "prefill", "batch_capacity": 1, "prefill_capacity": 64, "duration_ms": 3},
+            *({"kind": "speculative", "batch_capacity": 1, "width": w, "duration_ms": 2.5 + 0.5 * w} for w in (2, 4, 8)),
+        ],
+    })
+
+    def first_round_width(preseed: bool) -> int:
+        trace = parse_trace(_trace(_request("a", max_tokens=30, accepted_drafts=7, preseed_acceptance=preseed)))
+        result = Simulation(catalog, trace, SimulationOptions()).run()
+        return next(p.graph.width for p in result.plans if p.graph.kind.value == "speculative")
+
+    assert first_round_width(preseed=True) == 8
+    assert first_round_width(preseed=False) < 8
