@@ -1,0 +1,197 @@
+"""Acceptance probes: which wider round funded learning may try for a lane (spec checklist D8, S9).
+
+Ordinary selection scores speculative widths with the mean prefix-survival
+estimates, so a request whose acceptance improved after its estimates went
+low may never be offered a deeper prefix again and the means would never
+learn. Funded acceptance learning fixes that. Once the learning ledger
+(``refresh.py``) holds full credit, a lane may run one probe: a measured
+program that
+
+- offers at least one draft depth beyond what the ordinary choice offers the
+  lane (after the proposal depth D, the width W and the output bound);
+- beats the ordinary choice's value rate when the added depths are scored
+  with the optimistic estimate min(1, mean + sqrt(ln 20 / (2 * weight))) (S9);
+  depths the ordinary choice already offers keep their means, and the
+  survival envelope stays nonincreasing, so optimism about a deep prefix
+  never exceeds the belief about a shallower one;
+- leaves future output to use the lesson: even if every offered draft is
+  accepted, the request still has output left afterwards.
+
+Candidates rank by optimistic gain (value-rate improvement over the ordinary
+choice) per millisecond of the probe's own execution, because the ledger pays
+in physical time. Ties prefer the least-informed added prefix (lowest aged
+weight among the added depths), then the shorter execution, then the smaller
+physical geometry (P, then B). Fixed-width execution never probes.
+
+Everything here is a pure function of small frozen dataclasses; the core
+supplies the lane's estimates, its ordinary choice and the measured
+alternatives, and decides when a probe may run (credit, refresh precedence,
+empty queue).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
+from helios.scheduler.types import GraphDescriptor
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class WidthProgram:
+    """A measured program a lane could run, seen from that lane.
+
+    width          W: target rows the lane may use, the pending token included
+    proposal_depth D: drafts the program proposes per lane
+    duration_ns    its measured duration (probes compare measured programs only;
+                   unknown ones are discovery's business)
+    target_rows, batch_capacity: physical geometry, for the last tie-break
+    """
+
+    key: Hashable
+    width: int
+    proposal_depth: int
+    duration_ns: int
+    target_rows: int
+    batch_capacity: int
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.proposal_depth < 0:
+            raise ValueError(f"{self.key}: need width >= 1 and proposal_depth >= 0, got W={self.width}, D={self.proposal_depth}")
+        if self.duration_ns <= 0:
+            raise ValueError(
+                f"{self.key}: probes compare measured programs, duration_ns must be > 0, got {self.duration_ns}"
+            )
+
+    @classmethod
+    def of(cls, graph: GraphDescriptor, duration_ns: int) -> "WidthProgram":
+        return cls(graph.id, graph.width, graph.proposal_depth, duration_ns, graph.target_rows, graph.batch_capacity)
+
+    def offered_depth(self, remaining_output: int) -> int:
+        """Drafts this program can verify for the lane: min(W - 1, D, remaining - 1), at least 0."""
+        return max(0, min(self.width - 1, self.proposal_depth, remaining_output - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeLane:
+    """One decode lane as probe selection sees it.
+
+    means, weights   the lane's prefix-survival means and aged weights for depths 1..n
+    remaining_output tokens it may still emit (output limit and context)
+    ordinary         the program ordinary selection chose for it
+    token_value      its price per committed token (makes gains comparable across lanes)
+    alpha            adaptive_verification_alpha: exponent on survival estimates
+    fixed_width      the catalog runs fixed-width speculation: no probes at all
+    """
+
+    means: tuple[float, ...]
+    weights: tuple[float, ...]
+    remaining_output: int
+    ordinary: WidthProgram
+    token_value: float = 1.0
+    alpha: float = 1.0
+    fixed_width: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.means) != len(self.weights):
+            raise ValueError(f"one weight per mean expected, got {len(self.means)} means and {len(self.weights)} weights")
+        if any(not 0.0 <= m <= 1.0 for m in self.means) or any(not w >= 0.0 for w in self.weights):
+            raise ValueError("means must be probabilities in [0, 1] and weights >= 0")
+        if self.remaining_output < 0 or not self.token_value > 0 or not self.alpha > 0:
+            raise ValueError(
+                "need remaining_output >= 0, token_value > 0 and alpha > 0, got "
+                f"{self.remaining_output}, {self.token_value}, {self.alpha}"
+            )
+
+    @classmethod
+    def from_estimates(
+        cls, estimates: PrefixSurvival, depths: int, remaining_output: int, ordinary: WidthProgram, **options
+    ) -> "ProbeLane":
+        """Read depths 1..depths of one source's estimates (no state changes)."""
+        return cls(estimates.means(depths), estimates.weights(depths), remaining_output, ordinary, **options)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeCandidate:
+    """A probe worth funding for one lane, with why.
+
+    offered_depth  drafts it verifies (beyond ``ordinary_depth``)
+    optimistic_rate, ordinary_rate  value per ms: probe under optimism, ordinary choice under means
+    gain_per_ms    (optimistic_rate - ordinary_rate) / probe duration in ms
+    added_weight   lowest aged weight among the added depths (how little is known)
+    """
+
+    lane: ProbeLane
+    program: WidthProgram
+    ordinary_depth: int
+    offered_depth: int
+    optimistic_rate: float
+    ordinary_rate: float
+    gain_per_ms: float
+    added_weight: float
+
+    def rank_key(self) -> tuple:
+        p = self.program
+        return (-self.gain_per_ms, self.added_weight, p.duration_ns, p.target_rows, p.batch_capacity)
+
+
+def optimistic(mean: float, weight: float) -> float:
+    """S9: min(1, mean + sqrt(ln 20 / (2 * weight))); an unweighted estimate is fully optimistic."""
+    return PrefixEstimate(mean, weight).optimistic()
+
+
+def expected_output(survival: Sequence[float], depth: int, alpha: float) -> float:
+    """1 + sum of s_d ** alpha over d = 1..depth, with s kept nonincreasing (S5)."""
+    total, envelope = 1.0, 1.0
+    for value in survival[:depth]:
+        envelope = min(envelope, value)
+        total += envelope**alpha
+    return total
+
+
+def _probe_survival(lane: ProbeLane, ordinary_depth: int) -> list[float]:
+    """Means where the ordinary choice already offers drafts, optimism on the added depths."""
+    known = list(lane.means[:ordinary_depth])
+    added = [optimistic(m, w) for m, w in zip(lane.means[ordinary_depth:], lane.weights[ordinary_depth:])]
+    return known + added
+
+
+def _rate(lane: ProbeLane, survival: Sequence[float], depth: int, program: WidthProgram) -> float:
+    return lane.token_value * expected_output(survival, depth, lane.alpha) * NS_PER_MS / program.duration_ns
+
+
+def probe_candidates(lane: ProbeLane, programs: Iterable[WidthProgram]) -> list[ProbeCandidate]:
+    """Every program that qualifies as an acceptance probe for ``lane``, best first (D8)."""
+    if lane.fixed_width or lane.remaining_output <= 0:
+        return []
+    ordinary_depth = lane.ordinary.offered_depth(lane.remaining_output)
+    ordinary_rate = _rate(lane, lane.means, ordinary_depth, lane.ordinary)
+    survival = _probe_survival(lane, ordinary_depth)
+    out = []
+    for program in programs:
+        depth = program.offered_depth(lane.remaining_output)
+        if depth <= ordinary_depth or depth + 1 >= lane.remaining_output:
+            continue  # adds no depth, or could use up all output and leave nothing to learn for
+        if depth > len(lane.means):
+            raise ValueError(f"{program.key} offers depth {depth}; the lane has estimates for {len(lane.means)} depths")
+        rate = _rate(lane, survival, depth, program)
+        if rate <= ordinary_rate:
+            continue
+        gain = (rate - ordinary_rate) * NS_PER_MS / program.duration_ns
+        weight = min(lane.weights[ordinary_depth:depth])
+        out.append(ProbeCandidate(lane, program, ordinary_depth, depth, rate, ordinary_rate, gain, weight))
+    return rank_probes(out)
+
+
+def rank_probes(candidates: Iterable[ProbeCandidate]) -> list[ProbeCandidate]:
+    """Best first: gain per ms, then least-informed added prefix, shorter, smaller (D8)."""
+    return sorted(candidates, key=ProbeCandidate.rank_key)
+
+
+def best_probe(lanes: Iterable[ProbeLane], programs: Sequence[WidthProgram]) -> ProbeCandidate | None:
+    """The single probe to fund across several lanes, or None when no lane qualifies."""
+    ranked = rank_probes(c for lane in lanes for c in probe_candidates(lane, programs))
+    return ranked[0] if ranked else None
