@@ -62,9 +62,10 @@ def render_simulation(result: SimulationResult, console: Console) -> None:
 
 
 def _requests_table(result: SimulationResult) -> Table:
-    table = Table(title="Requests (ms on the simulated clock)")
-    for column in ("id", "arrival", "admitted", "to first output", "bursts", "tokens", "max gap", "finished"):
-        table.add_column(column, justify="left" if column == "id" else "right")
+    table = Table(title="Requests (ms on the simulated clock; first output counts from arrival)")
+    table.add_column("id", no_wrap=True)
+    for column in ("arrive", "admit", "first out", "bursts", "tokens", "max gap", "finish"):
+        table.add_column(column, justify="right")
     for outcome in result.requests:
         gaps = outcome.gaps_ms()
         table.add_row(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from helios.scheduler import Scheduler
+from helios.scheduler.rounds import is_prefix_limit
 from helios.scheduler.types import (
     AdmitRequest,
     CompletionRecord,
@@ -38,7 +39,6 @@ from helios.scheduler.types import (
     PlannedLane,
     RequestHandle,
     ScheduledPlan,
-    ValueSource,
 )
 from helios.simulation_files import (
     AcceptanceModel,
@@ -232,11 +232,6 @@ def allocate_prefixes(ceilings: Sequence[int], confidence: Sequence[Sequence[flo
     return lengths
 
 
-def is_device_allocated(graph: GraphDescriptor) -> bool:
-    """Prefix-limit programs that actually draft allocate their rows on the device."""
-    return graph.value_source is ValueSource.PREFIX_LIMIT and graph.proposal_depth > 0
-
-
 class SyntheticDevice:
     """Frame durations and per-lane outcomes, both seeded by the trace."""
 
@@ -249,14 +244,11 @@ class SyntheticDevice:
         jitter = self.rng.uniform(-synthetic.jitter_ns, synthetic.jitter_ns) if synthetic.jitter_ns else 0.0
         return max(1, int(round(synthetic.duration_ns + jitter)))
 
-    def nominal_ns(self, graph_id: str) -> int:
-        return self.graphs[graph_id].duration_ns
-
     def run(self, plan: ScheduledPlan, owners: dict[RequestHandle, _SimulatedRequest]) -> _FrameOutput:
         lanes = plan.lanes
         lengths = [lane.query_length for lane in lanes]
         confidence = None
-        if is_device_allocated(plan.graph):
+        if is_prefix_limit(plan.graph):  # the same test the scheduler uses to route completions
             confidence = [self._confidence(plan.graph, lane, owners[lane.handle]) for lane in lanes]
             lengths = self._allocate(plan, confidence)
         records = [self._record(lane, owners[lane.handle], length) for lane, length in zip(lanes, lengths)]
@@ -268,6 +260,7 @@ class SyntheticDevice:
         return prefix_confidence(owner.spec.acceptance, graph.proposal_depth)
 
     def _allocate(self, plan: ScheduledPlan, confidence: list[tuple[float, ...]]) -> list[int]:
+        # A mixed program's prompt row keeps one row of P here: conservative, never over P.
         graph = plan.graph
         ceilings = [_ceiling(graph, lane) for lane in plan.lanes]
         slots = [lane.handle.slot for lane in plan.lanes]
@@ -462,9 +455,8 @@ class Simulation:
 
     def _publish(self, token: GeneratedToken, fence: int) -> None:
         request = self.owners[token.handle]
-        if token.tokens:
+        if token.tokens:  # a visible burst, reported before the next completion (A4)
             request.outcome.bursts.append(Burst(self.now, len(token.tokens)))
-        if token.tokens:
             self.scheduler.published_output(token.handle, fence)
         if token.finished:
             request.outcome.finished_ns = self.now
