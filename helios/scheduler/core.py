@@ -169,6 +169,7 @@ class Scheduler:
             raise ValueError("graph ids must be unique in one catalog")
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
+        self._keys = tuple(g.cost_key() for g in self.graphs)
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
         self.cost = CostModel(self.policy.estimate_ttl_ns)
@@ -317,12 +318,8 @@ class Scheduler:
         return not last.plan.requires_feedback and self.now_ns <= last.end_ns
 
     def _timings(self) -> list[pol.GraphTiming]:
-        now = self.now_ns
-        out = []
-        for g in self.graphs:
-            key = g.cost_key()
-            out.append(pol.GraphTiming(self.cost.estimate_ns(key), not self.cost.is_stale(key, now)))
-        return out
+        now, cost = self.now_ns, self.cost
+        return [pol.GraphTiming(cost.estimate_ns(key), not cost.is_stale(key, now)) for key in self._keys]
 
     def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10)."""

@@ -189,6 +189,14 @@ class _Candidate:
         return (g.batch_capacity, g.width, g.target_rows, g.prefill_capacity)
 
 
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """An expensive candidate, evaluated only if its upper bound can still win."""
+
+    bound: tuple  # an upper bound of the candidate's rank_key()
+    make: Callable[[], "_Candidate | None"]
+
+
 @dataclass(slots=True)
 class _DecodeRanking:
     """Decoders eligible for one (proposal source, logical width), ranked once."""
@@ -219,6 +227,7 @@ class _Selector:
         self.adaptive_lanes: dict[tuple[str | None, int], list[tuple[int, AdaptiveLane, float]]] = {}
         self.adaptive_prefixes: dict[tuple, list[float]] = {}
         self.cumulative: dict[tuple[int, str], list[float]] = {}
+        self.fixed: list[float] | None = None
 
     # -- decoders ---------------------------------------------------------
 
@@ -250,31 +259,37 @@ class _Selector:
         return ranking
 
     def _rank_decoders(self, source: str | None, width: int) -> _DecodeRanking:
+        """Lane values of every eligible decoder at one logical width, ranked once (U9)."""
         d = self.pop.decoders
-        idx, lengths, expected, values = [], [], [], []
-        for i in range(len(d)):
-            if d.room[i] < 1:
-                continue
-            length = max(1, min(width, d.room[i]))
-            e = self._expected_tokens(i, source, length)
-            if e is None:
-                continue
-            idx.append(i)
-            lengths.append(length)
-            expected.append(e)
-            values.append(decode_lane_value(e, d.token_price[i], d.delivery_price[i], 1.0, d.age_credit[i]))
+        fixed = self._fixed_values()
+        if source is None:
+            idx = [i for i in range(len(d)) if d.room[i] >= 1]
+            lengths = [1] * len(idx)
+            expected = [1.0] * len(idx)
+        else:
+            idx = [i for i in range(len(d)) if d.room[i] >= 1 and source in d.survival[i]]
+            lengths = [min(width, d.room[i]) for i in idx]
+            expected = [self._expected_tokens(i, source, n) for i, n in zip(idx, lengths)]
+        values = [e * d.token_price[i] + fixed[i] for i, e in zip(idx, expected)]
         ranked = RankedLanes.rank(values, [d.recency[i] for i in idx])
         order = ranked.order
         members = [idx[j] for j in order]
-        slopes = [d.age_slope[i] for i in members]
+        ordered_lengths = [lengths[j] for j in order]
         return _DecodeRanking(
             members=members,
-            lengths=[lengths[j] for j in order],
+            lengths=ordered_lengths,
             expected=[expected[j] for j in order],
             ranked=ranked,
-            slope_prefix=_prefix(slopes),
-            length_prefix=_prefix_int([lengths[j] for j in order]),
+            slope_prefix=_prefix([d.age_slope[i] for i in members]),
+            length_prefix=_prefix_int(ordered_lengths),
         )
+
+    def _fixed_values(self) -> list[float]:
+        """Per decoder: the width-independent part of its lane value (delivery and c*sigma*A)."""
+        if self.fixed is None:
+            d = self.pop.decoders
+            self.fixed = [decode_lane_value(0.0, 0.0, dp, 1.0, credit) for dp, credit in zip(d.delivery_price, d.age_credit)]
+        return self.fixed
 
     # -- prompters --------------------------------------------------------
 
@@ -359,15 +374,24 @@ def _prompt_lane(sel: _Selector, i: int, tokens: int) -> PlannedLane:
 
 
 def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
-    """Decode and speculative programs: rectangular, constrained ragged or adaptive."""
-    if rounds.is_prefix_limit(graph):
-        return _adaptive_candidate(sel, index, graph, timing)
+    """Decode and speculative programs: rectangular, constrained ragged or adaptive.
+
+    Constrained and adaptive cohorts are costlier to search, so they come back
+    as a ``_Deferred`` carrying an upper bound: the rectangular value of the same
+    lanes at full width, which no row budget can exceed.
+    """
     r = sel.decode_ranking(_proposal_source(graph), _logical_width(graph))
     if not r.members:
         return None
+    active = sel.pop.active_age_price
+    if rounds.is_prefix_limit(graph):
+        k, base = r.ranked.best(min(graph.batch_capacity, graph.target_rows))
+        bound = (not timing.known, _score(base, r.slope_prefix[k], timing, active))
+        return _Deferred(bound, lambda: _adaptive_candidate(sel, index, graph, timing))
     k, base = r.ranked.best(graph.batch_capacity)
     if graph.ragged and r.length_prefix[k] > graph.target_rows:
-        return _constrained_candidate(sel, index, graph, timing, r)
+        bound = (not timing.known, _score(base, r.slope_prefix[k], timing, active))
+        return _Deferred(bound, lambda: _constrained_candidate(sel, index, graph, timing, r))
     logical = (graph.kind, graph.proposal_depth, r.logical(k))
     return _Candidate(
         index=index,
@@ -577,6 +601,22 @@ def _recency(c: _Candidate, sel: _Selector) -> int:
     return max((by_slot[lane.handle.slot] for lane in lanes), default=0)
 
 
+def _add_deferred(candidates: list[_Candidate], deferred: Sequence[_Deferred]) -> None:
+    """Evaluate expensive candidates best bound first, skipping those that cannot win.
+
+    Skipping is exact for the winner: a skipped bound is strictly below a
+    candidate already in hand.
+    """
+    best = max((c.rank_key() for c in candidates), default=None)
+    for d in sorted(deferred, key=lambda d: d.bound, reverse=True):
+        if best is not None and d.bound < best:
+            break
+        c = d.make()
+        if c is not None:
+            candidates.append(c)
+            best = c.rank_key() if best is None else max(best, c.rank_key())
+
+
 def select(
     graphs: Sequence[GraphDescriptor],
     timings: Sequence[GraphTiming],
@@ -584,14 +624,17 @@ def select(
 ) -> Choice | None:
     """The best graph and cohort for the population, or None when nothing can run."""
     sel = _Selector(population)
-    candidates = []
+    candidates, deferred = [], []
     for index, (graph, timing) in enumerate(zip(graphs, timings)):
         make = _CANDIDATES.get(graph.kind)
         c = make(sel, index, graph, timing) if make else None
-        if c is not None:
+        if isinstance(c, _Deferred):
+            deferred.append(c)
+        elif c is not None:
             candidates.append(c)
     prefill_sizes = [g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL]
     candidates = [c for c in candidates if not _explores_redundantly(c, sel, prefill_sizes)]
+    _add_deferred(candidates, deferred)
     candidates = prune_dominated(candidates)
     if not candidates:
         return None
