@@ -34,8 +34,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from helios.scheduler.refresh import ExplorationAccounts, StaleAlternative, refresh_choice
 from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
-from helios.scheduler.types import GraphDescriptor
+from helios.scheduler.types import GraphDescriptor, SelectionReason
 
 NS_PER_MS = 1_000_000
 
@@ -195,3 +196,30 @@ def best_probe(lanes: Iterable[ProbeLane], programs: Sequence[WidthProgram]) -> 
     """The single probe to fund across several lanes, or None when no lane qualifies."""
     ranked = rank_probes(c for lane in lanes for c in probe_candidates(lane, programs))
     return ranked[0] if ranked else None
+
+
+@dataclass(frozen=True, slots=True)
+class ExplorationPick:
+    """What funded exploration runs next: a stale program's refresh or a lane's probe."""
+
+    reason: SelectionReason
+    choice: StaleAlternative | ProbeCandidate
+
+
+def choose_exploration(
+    accounts: ExplorationAccounts, stale: Iterable[StaleAlternative], probes: Iterable[ProbeCandidate]
+) -> ExplorationPick | None:
+    """Timing refresh first, then an acceptance probe, each only with full credit (D7, D8).
+
+    None means ordinary selection stands: nothing is funded, an episode is in
+    flight, or no alternative qualifies.
+    """
+    if accounts.can_begin(SelectionReason.TIMING_REFRESH):
+        alternative = refresh_choice(stale)
+        if alternative is not None:
+            return ExplorationPick(SelectionReason.TIMING_REFRESH, alternative)
+    if accounts.can_begin(SelectionReason.ACCEPTANCE_LEARNING):
+        ranked = rank_probes(probes)
+        if ranked:
+            return ExplorationPick(SelectionReason.ACCEPTANCE_LEARNING, ranked[0])
+    return None

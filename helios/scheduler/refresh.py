@@ -25,11 +25,12 @@ never charge the same execution).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from helios.scheduler.types import ExecutionTiming, SelectionReason
+from helios.scheduler.cost import CostModel
+from helios.scheduler.types import CostKey, ExecutionTiming, SelectionReason
 
 TIMING_REFRESH_SHARE = Fraction(2, 998)  # D6
 ACCEPTANCE_LEARNING_SHARE = Fraction(1, 99)  # D8: 0.01 / 0.99
@@ -157,6 +158,14 @@ class ExecutionCounters:
         return {r.value: (t.executions, t.nanoseconds) for r, t in self._totals.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class ExplorationCredit:
+    """Both balances at one moment, for the plan trace (A12); ns, negative while in debt."""
+
+    timing_refresh_ns: float
+    acceptance_learning_ns: float
+
+
 class ExplorationAccounts:
     """Both ledgers and the D9 counters behind one entry point.
 
@@ -187,6 +196,9 @@ class ExplorationAccounts:
 
     def credit_ns(self, reason: SelectionReason) -> float:
         return self._ledger(reason).balance_ns
+
+    def credit(self) -> ExplorationCredit:
+        return ExplorationCredit(self.timing.balance_ns, self.learning.balance_ns)
 
     def can_begin(self, reason: SelectionReason) -> bool:
         """Full credit in that ledger and no exploration episode in flight."""
@@ -266,3 +278,18 @@ def refresh_choice(alternatives: Iterable[StaleAlternative]) -> StaleAlternative
     """The alternative a funded refresh runs, or None when there is none."""
     ordered = refresh_order(alternatives)
     return ordered[0] if ordered else None
+
+
+def stale_alternatives(cost: CostModel, values: Mapping[CostKey, float], now_ns: int) -> list[StaleAlternative]:
+    """The stale entries among feasible alternatives, with their D7 ordering data.
+
+    ``values`` maps each feasible alternative's cost key to its ordinary
+    value score. Unknown programs are discovery's, fresh ones ordinary
+    selection's; only measured, stale ones can be refreshed.
+    """
+    out = []
+    for key, value in values.items():
+        if cost.is_known(key) and cost.is_stale(key, now_ns):
+            observed = cost.last_observation_ns(key)
+            out.append(StaleAlternative(key, observed, cost.last_attempt_ns(key), value))
+    return out

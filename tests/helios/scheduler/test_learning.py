@@ -14,11 +14,13 @@ from helios.scheduler.learning import (
     ProbeLane,
     WidthProgram,
     best_probe,
+    choose_exploration,
     probe_candidates,
     rank_probes,
 )
+from helios.scheduler.refresh import ExplorationAccounts, StaleAlternative
 from helios.scheduler.speculation import PrefixSurvival
-from helios.scheduler.types import GraphDescriptor, GraphKind
+from helios.scheduler.types import ExecutionTiming, GraphDescriptor, GraphKind, SelectionReason
 
 MS = 1_000_000
 BONUS = math.sqrt(math.log(20) / 256)  # S9's optimism at the capped weight 128
@@ -175,3 +177,31 @@ def test_D8_S9_every_candidate_qualifies_and_less_information_never_removes_one(
     assert [c.gain_per_ms for c in found] == sorted((c.gain_per_ms for c in found), reverse=True)
     forgetful = ProbeLane(tuple(means), tuple(w * shrink for w in weights), remaining, ordinary)
     assert {c.program.key for c in found} <= {c.program.key for c in probe_candidates(forgetful, ladder)}
+
+
+# -- refresh first, then probes (D7, D8) -------------------------------------------------
+
+
+def _accounts(ordinary_ms: int):
+    accounts = ExplorationAccounts()
+    for _ in range(ordinary_ms // 5):
+        accounts.record(SelectionReason.ORDINARY, ExecutionTiming(5 * MS, 5 * MS), queued=True)
+    return accounts
+
+
+def test_D8_timing_refresh_takes_precedence_over_a_probe():
+    stale = [StaleAlternative("decode-b4", 0, None, 1.0)]
+    probes = probe_candidates(lane([0.5] * 4), LADDER)
+    both = choose_exploration(_accounts(2500), stale, probes)
+    assert both.reason is SelectionReason.TIMING_REFRESH and both.choice.key == "decode-b4"
+    nothing_stale = choose_exploration(_accounts(2500), [], probes)
+    assert nothing_stale.reason is SelectionReason.ACCEPTANCE_LEARNING and nothing_stale.choice is probes[0]
+    only_probe_funded = choose_exploration(_accounts(500), stale, probes)
+    assert only_probe_funded.reason is SelectionReason.ACCEPTANCE_LEARNING
+    assert choose_exploration(_accounts(490), stale, probes) is None
+
+
+def test_D8_no_exploration_while_an_episode_is_in_flight():
+    accounts = _accounts(3000)
+    accounts.begin(SelectionReason.ACCEPTANCE_LEARNING)
+    assert choose_exploration(accounts, [], probe_candidates(lane([0.5] * 4), LADDER)) is None

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helios.scheduler.cost import CostModel
 from helios.scheduler.refresh import (
     AcceptanceLearningLedger,
     ExplorationAccounts,
@@ -16,8 +17,9 @@ from helios.scheduler.refresh import (
     TimingRefreshLedger,
     refresh_choice,
     refresh_order,
+    stale_alternatives,
 )
-from helios.scheduler.types import ExecutionTiming, SelectionReason
+from helios.scheduler.types import CostKey, ExecutionTiming, GraphKind, SelectionReason
 
 ORDINARY = SelectionReason.ORDINARY
 DISCOVERY = SelectionReason.DISCOVERY
@@ -309,3 +311,29 @@ def test_D6_D8_funding_arrives_exactly_at_the_threshold(frames):
 def test_ledgers_name_their_shares():
     assert TimingRefreshLedger().share == Fraction(1, 499)
     assert AcceptanceLearningLedger().share == Fraction(1, 99)
+
+
+# -- feeding D7's order from the cost model -------------------------------------------
+
+
+def test_D7_stale_alternatives_come_from_measured_stale_entries_only():
+    def key(batch: int) -> CostKey:
+        return CostKey(GraphKind.DECODE, batch, 1, 0, 0, batch)
+
+    cost = CostModel(ttl_ns=1_000)
+    cost.observe(key(1), 5 * MS, 0, now_ns=0)  # stale by 2,000
+    cost.observe(key(2), 5 * MS, 0, now_ns=100)
+    cost.mark_attempt(key(2), now_ns=1_500)  # stale, but attempted more recently
+    cost.observe(key(4), 5 * MS, 0, now_ns=1_900)  # fresh
+    values = {key(1): 1.0, key(2): 9.0, key(4): 5.0, key(8): 7.0}  # key(8): never measured
+    found = stale_alternatives(cost, values, now_ns=2_000)
+    assert [a.key for a in refresh_order(found)] == [key(1), key(2)]
+    assert found[1].last_touched_ns == 1_500
+
+
+def test_A12_credit_snapshot_names_both_balances():
+    accounts = ExplorationAccounts()
+    run_ordinary(accounts, 990)
+    credit = accounts.credit()
+    assert credit.timing_refresh_ns == pytest.approx(990 * MS / 499)
+    assert credit.acceptance_learning_ns == 5 * MS
