@@ -5,6 +5,9 @@ API additions beyond DESIGN.md (additive; nothing renamed or removed):
   interval through the normal cost path (the simulator's measured catalog).
 - ``Scheduler.now_ns``, ``Scheduler.queued_fences``, ``Scheduler.is_active(h)``
   and ``Scheduler.request_view(h)`` are read-only conveniences for drivers/tests.
+- ``Scheduler.seed_acceptance(handle, source, rounds)`` folds (offered, accepted)
+  pairs into a request's acceptance history as completed rounds would (S6),
+  without aging: a preseeded history (the simulator's ``preseed_acceptance``).
 - ``complete_packed_round(fence, records, timing, confidence)``: ``confidence``
   is one sequence of joint prefix probabilities per record (rank zero's rows of
   the sidecar), or None; ``*_with_survival`` variants take ``survival`` the same
@@ -238,6 +241,15 @@ class Scheduler:
         state.cancelled = True
         self._release_if_idle(state)
 
+    def seed_acceptance(self, handle: RequestHandle, source: str, rounds_seen: Sequence[tuple[int, int]]) -> None:
+        """Fold (offered, accepted) rounds into the request's history for ``source`` (S6), no aging."""
+        if source not in PROPOSAL_SOURCES:
+            raise ValueError(f"unknown proposal source {source!r}; expected one of {PROPOSAL_SOURCES}")
+        state = self._state(handle)
+        for offered, accepted in rounds_seen:
+            state.acceptance.observe_round(source, offered, accepted, terminated=False)
+        self._refresh_survival(state)
+
     def is_active(self, handle: RequestHandle) -> bool:
         state = self._lookup(handle)
         return state is not None and state.live
@@ -391,16 +403,17 @@ class Scheduler:
         return out
 
     def _normalizer(self) -> float | None:
-        """Token normalizer: the best measured token rate of the generation programs.
+        """Token normalizer: the best measured token rate of the pure generation programs.
 
-        A request's lasting share of service is what the decode and speculative
-        programs can sustain; prompt programs process tokens far faster, and a
-        starting x at a share of *that* rate would price a waiting prompt as if it
-        had been served generously (its first output then waits behind streams
-        that already have theirs). The whole catalog is the fallback while no
-        generation program is measured.
+        A request's lasting share of service is what decode and speculative
+        programs sustain, one guaranteed token per row. Prompt capacity (prefill
+        graphs, and the prompt row of mixed graphs) processes tokens tens of times
+        faster; a starting x at a share of *that* rate would price a waiting prompt
+        as if it had already been served generously, and its first output would
+        wait behind streams that have theirs. The whole catalog is the fallback
+        while no generation program is measured.
         """
-        generation = [g for g in self.graphs if g.kind in GENERATION_KINDS or g.kind is GraphKind.MIXED]
+        generation = [g for g in self.graphs if g.kind in GENERATION_KINDS]
         measured = token_normalizer((g, self.cost.estimate_ns(g.cost_key())) for g in generation)
         if measured is None:
             measured = token_normalizer((g, self.cost.estimate_ns(g.cost_key())) for g in self.graphs)

@@ -251,7 +251,7 @@ def test_A6_commit_rejects_stale_plans_and_repeated_fences():
 
 def test_A13_mixed_completion_commits_by_phase():
     M = mixed(4, 64)
-    s = measured({P64: 4.0, D1: 3.0, M: 4.5})
+    s = measured({P64: 4.0, D1: 3.0, M: 4.05})
     (a,), fence = decoding(s, 1)
     b = s.admit(ask(64, 5))
     fence += 1
