@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/program_timing.py [--threads 2] [--repeats 30] [--context 256]
 
-Prints the median milliseconds per call of decode B=1, decode B=4 (every row
+Prints the median milliseconds per call (eager and loaded calls interleaved) of decode B=1, decode B=4 (every row
 at ``--context`` committed tokens) and one 256-token prefill chunk, for the
 eager module and for the program after torch.export save/load (what the
 runtime runs without --compile).
@@ -46,14 +46,18 @@ def frame_args(spec: ProgramSpec, weights, state, context: int) -> list:
     return [weights] + [state[n] if n in state else frame[n] for n in spec.input_names[1:]]
 
 
-def median_ms(module, args, repeats: int, state, context: int) -> float:
-    times = []
-    for _ in range(repeats + 3):
-        state["seq_lens"].fill_(context)  # every call sees the same context
-        start = time.perf_counter()
-        module(*args)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times[3:])
+def median_ms(modules: dict, args, repeats: int, state, context: int) -> dict[str, float]:
+    """Median per-call time of each module, calls interleaved so load on a shared
+    machine hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in modules}
+    for i in range(repeats + 3):
+        for name, module in modules.items():
+            state["seq_lens"].fill_(context)  # every call sees the same context
+            start = time.perf_counter()
+            module(*args)
+            if i >= 3:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def exported(spec: ProgramSpec, folder: Path) -> torch.nn.Module:
@@ -78,9 +82,9 @@ def main() -> None:
             spec = build_program(desc, ckpt.config, LAYOUT, ckpt.weights)
             state = LAYOUT.new_state(ckpt.config)
             call = frame_args(spec, ckpt.weights, state, args.context)
-            eager = median_ms(spec.module, call, args.repeats, state, args.context)
-            loaded = median_ms(exported(spec, Path(tmp)), call, args.repeats, state, args.context)
-            print(f"{label:12s} eager {eager:7.2f}   loaded {loaded:7.2f}")
+            modules = {"eager": spec.module, "loaded": exported(spec, Path(tmp))}
+            ms = median_ms(modules, call, args.repeats, state, args.context)
+            print(f"{label:12s} eager {ms['eager']:7.2f}   loaded {ms['loaded']:7.2f}")
 
 
 if __name__ == "__main__":

@@ -136,3 +136,6 @@ def test_ops_pass_opcheck():
     meta = (page_table, row_slots, query_lens, start)
     torch.library.opcheck(torch.ops.flare.write_kv.default, (k_cache, v_cache, 0, k, k, *meta))
     torch.library.opcheck(torch.ops.flare.paged_attention.default, (q, k_cache, v_cache, 0, *meta, 0.35))
+    state = (torch.arange(SLOTS), torch.arange(SLOTS, dtype=torch.int32))
+    new = (torch.arange(len(row_slots)) + 50, torch.arange(len(row_slots), dtype=torch.int32) + 9)
+    torch.library.opcheck(torch.ops.flare.write_slot_state.default, (*state, row_slots, query_lens, *new))
