@@ -24,7 +24,7 @@ class ProgressObserver(CaptureObserver):
 
     def step(self, name: str) -> None:
         self._finish_bar()
-        self.console.log(f"[{time.perf_counter() - self.started:6.1f}s] {name}")
+        self.console.print(f"[{time.perf_counter() - self.started:6.1f} s] {name}", highlight=False)
 
     def programs_started(self, total: int) -> None:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
