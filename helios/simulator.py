@@ -485,20 +485,12 @@ def preseed_acceptance(
     """Give a fresh request the acceptance history of 64 completed rounds (trace ``preseed_acceptance``).
 
     Each synthetic round offers the catalog's deepest draft prefix and accepts
-    what the request's own acceptance model says, folded in exactly as a
-    completed round would be (S6), without aging: the history looks as if it
-    had been observed just before admission.
-
-    The Scheduler has no public hook for this yet, so this reaches its request
-    state directly (``_lookup`` and ``_refresh_survival``). It is the one place
-    the simulator touches scheduler internals; a public
-    ``Scheduler.seed_acceptance(handle, source, rounds)`` should replace it.
+    what the request's own acceptance model says; ``Scheduler.seed_acceptance``
+    folds them in exactly as completed rounds would be (S6), without aging, so
+    the history looks as if it had been observed just before admission.
     """
-    state = scheduler._lookup(handle)
-    for _ in range(PRESEED_ROUNDS):
-        accepted = accepted_drafts(spec.acceptance, offered, rng)
-        state.acceptance.observe_round(spec.proposal_source, offered, accepted, terminated=False)
-    scheduler._refresh_survival(state)
+    rounds = [(offered, accepted_drafts(spec.acceptance, offered, rng)) for _ in range(PRESEED_ROUNDS)]
+    scheduler.seed_acceptance(handle, spec.proposal_source, rounds)
 
 
 def simulate(catalog: SyntheticCatalog, trace: Trace, options: SimulationOptions = SimulationOptions()) -> SimulationResult:

@@ -96,22 +96,7 @@ def result_for(results: dict, requests: int, accepted: int, preseed: bool) -> Si
     return results[key]
 
 
-PROMPTS_DEFERRED = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "scheduler (reported to core/lead): with preseeded acceptance of 3 or 7 drafts, the decoders' "
-        "speculative rounds outbid waiting 64-token prompts, which get their first output 109-229 ms "
-        "after arrival; a prompter has no age term, so its price rises only as its token-rate history "
-        "decays over adaptation_ms"
-    ),
-)
-FIRST_OUTPUT_CASES = [
-    pytest.param(*case.values, id=case.id, marks=PROMPTS_DEFERRED if case.values[2] and case.values[1] else ())
-    for case in CASES
-]
-
-
-@pytest.mark.parametrize("requests, accepted, preseed", FIRST_OUTPUT_CASES)
+@pytest.mark.parametrize("requests, accepted, preseed", CASES)
 def test_V3_first_output_within_100ms(results, requests, accepted, preseed):
     result = result_for(results, requests, accepted, preseed)
     late = {o.id: o.first_output_ms() for o in result.requests if o.first_output_ms() > FIRST_OUTPUT_MS}
