@@ -9,7 +9,6 @@ the real context of each row; unused packed capacity gets zeros.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from helios.ops.layout import PackedRows, active_rows, slot_positions
 
@@ -34,16 +33,23 @@ def paged_attention(
 
 
 def _row_attention(q, k_layer, v_layer, page_table, row: PackedRows, scale: float) -> torch.Tensor:
+    """Grouped-query attention of one row: each KV head serves its group of query heads
+    with one batched matmul (no KV repetition; several times faster than SDPA's GQA
+    path on CPU for decode)."""
     k, v = _row_context(k_layer, v_layer, page_table, row)  # [context, kv_heads, head_dim]
-    causal = None
-    if row.length > 1:  # a single query sees the whole context: no mask needed
+    length, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    q = q.view(length, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(kv_heads, group * length, dim)
+    scores = torch.bmm(q, k.permute(1, 2, 0)) * scale  # [kv_heads, group * length, context]
+    if length > 1:  # a single query sees the whole context: no mask needed
         key_pos = torch.arange(row.end)
         causal = key_pos[None, :] <= torch.arange(row.start, row.end)[:, None]  # [length, context]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-        attn_mask=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
-    )
-    return out.transpose(0, 1)
+        scores = scores.view(kv_heads, group, length, row.end).masked_fill(~causal, float("-inf"))
+        scores = scores.view(kv_heads, group * length, row.end)
+    probs = scores.float().softmax(-1).to(v.dtype)  # softmax in fp32 whatever the cache dtype
+    out = torch.bmm(probs, v.transpose(0, 1))  # [kv_heads, group * length, head_dim]
+    return out.view(kv_heads, group, length, dim).permute(2, 0, 1, 3).reshape(length, heads, dim)
 
 
 def _row_context(k_layer, v_layer, page_table, row: PackedRows):
