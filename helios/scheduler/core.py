@@ -133,12 +133,16 @@ class Frame:
     normalizer: float | None
     end_ns: int  # expected end: planning start of the next frame (A9)
     queued: bool  # committed behind another frame: its service interval is the device one (A3)
+    members: frozenset[RequestHandle] = frozenset()  # the participants, for membership tests
+    lanes_by_handle: dict[RequestHandle, PlannedLane] = field(default_factory=dict)
+
+    @classmethod
+    def submitted(cls, fence, plan, participants, normalizer, end_ns, queued) -> "Frame":
+        lanes = {lane.handle: lane for lane in plan.lanes}
+        return cls(fence, plan, participants, normalizer, end_ns, queued, frozenset(participants), lanes)
 
     def lane_for(self, handle: RequestHandle) -> PlannedLane | None:
-        for lane in self.plan.lanes:
-            if lane.handle == handle:
-                return lane
-        return None
+        return self.lanes_by_handle.get(handle)
 
 
 def lane_output_bound(lane: PlannedLane, graph: GraphDescriptor) -> int:
@@ -173,6 +177,10 @@ class Scheduler:
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
         self._keys = tuple(g.cost_key() for g in self.graphs)
+        self._family_graphs: dict[DeliveryFamily, tuple[int, ...]] = {}
+        self._cost_version = 0  # bumps on every cost observation: invalidates cached timings
+        self._timing_cache: tuple[tuple[int, int], list[pol.GraphTiming]] | None = None
+        self._normalizer_cache: tuple[int, float | None] | None = None
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
         self.cost = CostModel(self.policy.estimate_ttl_ns)
@@ -199,7 +207,7 @@ class Scheduler:
 
     def observe_duration(self, graph: str | CostKey | GraphDescriptor, device_ns: int) -> None:
         """One device interval through the normal cost path (e.g. a measured catalog at t=0)."""
-        self.cost.observe(self._cost_key(graph), device_ns, 0, self.now_ns)
+        self._observe_cost(self._cost_key(graph), device_ns, 0)
 
     def _cost_key(self, graph: str | CostKey | GraphDescriptor) -> CostKey:
         if isinstance(graph, CostKey):
@@ -330,42 +338,53 @@ class Scheduler:
         return not last.plan.requires_feedback and self.now_ns <= last.end_ns
 
     def _timings(self) -> list[pol.GraphTiming]:
-        now, cost = self.now_ns, self.cost
-        return [pol.GraphTiming(cost.estimate_ns(key), not cost.is_stale(key, now)) for key in self._keys]
+        """Duration knowledge per graph, recomputed only when the clock or an estimate moved."""
+        stamp = (self.now_ns, self._cost_version)
+        if self._timing_cache is None or self._timing_cache[0] != stamp:
+            now, cost = self.now_ns, self.cost
+            timings = [pol.GraphTiming(cost.estimate_ns(key), not cost.is_stale(key, now)) for key in self._keys]
+            self._timing_cache = (stamp, timings)
+        return self._timing_cache[1]
+
+    def _observe_cost(self, key: CostKey, device_ns: int, readiness_ns: int) -> None:
+        self.cost.observe(key, device_ns, readiness_ns, self.now_ns)
+        self._cost_version += 1
 
     def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10)."""
         live = sorted((s for s in self._slots if s is not None and s.live), key=lambda s: s.last_selected_ns)
-        decoders = [s for s in live if s.phase is LanePhase.DECODE and s.room() > 0]
+        rooms = {s.handle: s.room() for s in live}
+        decoders = [s for s in live if s.phase is LanePhase.DECODE and rooms[s.handle] > 0]
         sigmas = self._reference_intervals(decoders, timings)
-        c = self.policy.decode_age_price
+        c, policy = self.policy.decode_age_price, self.policy
         dec, prm = pol.Decoders(), pol.Prompters()
         for s in live:
-            history, delivered_ns = self._projected(s)
+            room = rooms[s.handle]
+            decoding = s.phase is LanePhase.DECODE
+            if (decoding and room <= 0) or (not decoding and s.queued_prompt):
+                continue
+            history, delivered_ns = self._projected(s) if self._frames else (s.service, None)
             sigma = sigmas.get(s.family)
-            prices = history.prices(self.policy, delivery_fallback_rate=1.0 / sigma if sigma else 1.0)
-            if s.phase is LanePhase.DECODE:
-                if s.room() <= 0:
-                    continue
+            prices = history.prices(policy, delivery_fallback_rate=1.0 / sigma if sigma else 1.0)
+            if decoding:
                 reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
-                age_ms = max(0.0, (start_ns - reference) / 1e6)
                 slope = c * sigma if sigma else 0.0
                 dec.handle.append(s.handle)
                 dec.token_price.append(prices.output_token)
                 dec.delivery_price.append(prices.delivery)
-                dec.age_credit.append(slope * age_ms)
+                dec.age_credit.append(slope * max(0.0, (start_ns - reference) / 1e6))
                 dec.age_slope.append(slope)
-                dec.room.append(s.room())
+                dec.room.append(room)
                 dec.survival.append(s.survival)
                 dec.recency.append(s.last_selected_ns)
-            elif s.queued_prompt == 0:
+            else:
                 position = s.prompt_done
                 prm.handle.append(s.handle)
                 prm.start.append(position)
                 prm.remaining.append(s.request.prompt_tokens - position)
                 prm.to_endpoint.append(s.next_endpoint_distance(position))
                 prm.price.append(prices.prefill_token)
-                prm.first_token.append(prices.output_token if s.room() > 0 else 0.0)
+                prm.first_token.append(prices.output_token if room > 0 else 0.0)
                 prm.recency.append(s.last_selected_ns)
         return pol.Population(dec, prm, c * len(decoders), self.policy.adaptive_verification_alpha)
 
@@ -373,7 +392,7 @@ class Scheduler:
         """Copy of the history advanced through queued frames, and its expected delivery time."""
         history, delivered = state.service, None
         for frame in self._frames:
-            if state.handle not in frame.participants:
+            if state.handle not in frame.members:
                 continue
             lane = frame.lane_for(state.handle)
             tokens = 0.0 if lane is None else lane.expected_tokens + lane.prompt_tokens
@@ -385,7 +404,7 @@ class Scheduler:
         return history, delivered
 
     def _reference_intervals(self, decoders: Sequence[RequestState], timings) -> dict[DeliveryFamily, float]:
-        """sigma per delivery family (U5), from measured programs serving that family."""
+        """sigma per delivery family (U5): K counts decoders only, k those of the family."""
         total = len(decoders)
         counts: dict[DeliveryFamily, int] = {}
         for s in decoders:
@@ -393,14 +412,21 @@ class Scheduler:
         out = {}
         for family, k in counts.items():
             shapes = [
-                ShapeTiming(t.duration_ns / 1e6, g.batch_capacity)
-                for g, t in zip(self.graphs, timings)
-                if t.known and family.serves(g)
+                ShapeTiming(timings[i].duration_ns / 1e6, self.graphs[i].batch_capacity)
+                for i in self._serving(family)
+                if timings[i].known
             ]
             sigma = reference_interval_ms(total, k, shapes)
             if sigma is not None:
                 out[family] = sigma
         return out
+
+    def _serving(self, family: DeliveryFamily) -> tuple[int, ...]:
+        """Catalog positions of the programs that serve a delivery family (fixed per catalog)."""
+        found = self._family_graphs.get(family)
+        if found is None:
+            found = self._family_graphs[family] = tuple(i for i, g in enumerate(self.graphs) if family.serves(g))
+        return found
 
     def _normalizer(self) -> float | None:
         """Token normalizer: the best measured token rate of the pure generation programs.
@@ -413,10 +439,13 @@ class Scheduler:
         wait behind streams that have theirs. The whole catalog is the fallback
         while no generation program is measured.
         """
-        generation = [g for g in self.graphs if g.kind in GENERATION_KINDS]
-        measured = token_normalizer((g, self.cost.estimate_ns(g.cost_key())) for g in generation)
+        if self._normalizer_cache is not None and self._normalizer_cache[0] == self._cost_version:
+            return self._normalizer_cache[1]
+        estimates = [(g, self.cost.estimate_ns(key)) for g, key in zip(self.graphs, self._keys)]
+        measured = token_normalizer((g, ns) for g, ns in estimates if g.kind in GENERATION_KINDS)
         if measured is None:
-            measured = token_normalizer((g, self.cost.estimate_ns(g.cost_key())) for g in self.graphs)
+            measured = token_normalizer(estimates)
+        self._normalizer_cache = (self._cost_version, measured)
         return measured
 
     # -- commit -------------------------------------------------------------
@@ -437,7 +466,7 @@ class Scheduler:
             state.last_selected_ns = self.now_ns
         self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
         self._frames.append(
-            Frame(fence, plan, participants, normalizer, start_ns + plan.estimated_duration_ns, queued)
+            Frame.submitted(fence, plan, participants, normalizer, start_ns + plan.estimated_duration_ns, queued)
         )
         self._last_fence = fence
 
@@ -525,7 +554,7 @@ class Scheduler:
         # everything is valid: from here on, state changes
         self._frames.pop(0)
         plan = frame.plan
-        self.cost.observe(plan.graph.cost_key(), timing.device_ns, timing.readiness_delay_ns, self.now_ns)
+        self._observe_cost(plan.graph.cost_key(), timing.device_ns, timing.readiness_delay_ns)
         before = {h: self._counters(h) for h in frame.participants}
         out = []
         for lane in plan.lanes:

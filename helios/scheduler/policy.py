@@ -226,29 +226,31 @@ class _Selector:
         self.prompt_rankings: dict[int, tuple[RankedLanes, list[int]]] = {}
         self.adaptive_lanes: dict[tuple[str | None, int], list[tuple[int, AdaptiveLane, float]]] = {}
         self.adaptive_prefixes: dict[tuple, list[float]] = {}
-        self.cumulative: dict[tuple[int, str], list[float]] = {}
+        self.cumulative: dict[str, list[list[float] | None]] = {}
         self.fixed: list[float] | None = None
+        # a stable sort of an LRU-ordered population already breaks value ties by recency
+        self.decoders_lru = _nondecreasing(population.decoders.recency)
+        self.prompters_lru = _nondecreasing(population.prompters.recency)
 
     # -- decoders ---------------------------------------------------------
 
-    def _expected_tokens(self, i: int, source: str | None, length: int) -> float | None:
-        """S5: 1 + sum of s_d ** alpha over the lane's draft positions, within its room."""
-        if length == 1 and source is None:
-            return 1.0
-        if source is None:
-            return None
-        gains = self.cumulative.get((i, source))
+    def _gains(self, source: str) -> list[list[float] | None]:
+        """Per decoder: cumulative sums of s_d ** alpha for ``source`` (None without that source)."""
+        gains = self.cumulative.get(source)
         if gains is None:
-            survival = self.pop.decoders.survival[i].get(source)
-            if survival is None:
-                return None
             alpha = self.pop.alpha
-            gains = [0.0]
-            for s in survival:
-                gains.append(gains[-1] + s ** alpha)
-            self.cumulative[(i, source)] = gains
-        drafts = gains[min(length - 1, len(gains) - 1)]
-        return min(float(self.pop.decoders.room[i]), 1.0 + drafts)
+            gains = []
+            for survival in self.pop.decoders.survival:
+                s = survival.get(source)
+                if s is None:
+                    gains.append(None)
+                    continue
+                row = [0.0]
+                for p in s:
+                    row.append(row[-1] + p ** alpha)
+                gains.append(row)
+            self.cumulative[source] = gains
+        return gains
 
     def decode_ranking(self, source: str | None, width: int) -> _DecodeRanking:
         key = (source, width)
@@ -267,11 +269,14 @@ class _Selector:
             lengths = [1] * len(idx)
             expected = [1.0] * len(idx)
         else:
-            idx = [i for i in range(len(d)) if d.room[i] >= 1 and source in d.survival[i]]
+            gains = self._gains(source)
+            idx = [i for i in range(len(d)) if d.room[i] >= 1 and gains[i] is not None]
             lengths = [min(width, d.room[i]) for i in idx]
-            expected = [self._expected_tokens(i, source, n) for i, n in zip(idx, lengths)]
+            expected = [
+                min(float(d.room[i]), 1.0 + gains[i][min(n - 1, len(gains[i]) - 1)]) for i, n in zip(idx, lengths)
+            ]
         values = [e * d.token_price[i] + fixed[i] for i, e in zip(idx, expected)]
-        ranked = RankedLanes.rank(values, [d.recency[i] for i in idx])
+        ranked = RankedLanes.rank(values, None if self.decoders_lru else [d.recency[i] for i in idx])
         order = ranked.order
         members = [idx[j] for j in order]
         ordered_lengths = [lengths[j] for j in order]
@@ -302,9 +307,13 @@ class _Selector:
                 prompt_lane_value(t, p.price[i]) + (p.first_token[i] if t == p.remaining[i] else 0.0)
                 for i, t in enumerate(tokens)
             ]
-            ranking = (RankedLanes.rank(values, p.recency), tokens)
+            ranking = (RankedLanes.rank(values, None if self.prompters_lru else p.recency), tokens)
             self.prompt_rankings[capacity] = ranking
         return ranking
+
+
+def _nondecreasing(values: Sequence[int]) -> bool:
+    return all(a <= b for a, b in zip(values, values[1:]))
 
 
 def _prefix(values: Sequence[float]) -> list[float]:
