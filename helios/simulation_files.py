@@ -19,11 +19,11 @@ from typing import Any, Callable
 import yaml
 
 from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
+from helios.scheduler.policy import MAX_REQUEST_SLOTS  # spec U11: selection is bounded to 64 slots
 from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 SIMULATED_KINDS = (GraphKind.PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)
 PROPOSAL_SOURCES = ("learned", "copy")
-MAX_REQUEST_SLOTS = 64  # spec U11: selection is bounded to 64 request slots
 
 
 class SimulationFileError(ValueError):
