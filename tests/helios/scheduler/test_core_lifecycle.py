@@ -304,3 +304,54 @@ def test_packed_rounds_need_their_entry_point():
         s.complete_packed_round(10, record, TIMING, [(0.5, 1.5, 0.2)])
     out = s.complete_packed_round(10, record, TIMING, [(0.9, 0.5, 0.2)])
     assert out[0].tokens == (1, 2)
+
+
+def test_A1_requests_admitted_after_dispatch_are_outside_the_interval():
+    s = measured({P64: 4.0, D1: 3.0}, slots=4)
+    (a,), fence = decoding(s, 1)
+    fence += 1
+    commit_next(s, fence)
+    late = s.admit(ask(64, 5))
+    s.advance_to(s.now_ns + 1)  # late's starting history must not see this frame's interval
+    start = s.request_view(late).token_rate
+    s.complete(fence, [CompletionRecord(a, tokens=(1,))], ExecutionTiming(10 * MS, 10 * MS))
+    assert s.request_view(late).token_rate == start
+
+
+def test_U2_a_speculative_burst_is_one_delivery_whatever_its_size():
+    S4 = spec(1, 4)
+    rates = []
+    for tokens in ((1,), (1, 2, 3, 4)):
+        s = measured({P64: 4.0, S4: 5.0})
+        h = s.admit(ask(64, 100, sources=("learned",)))
+        Driver(s, {P64: 4.0, S4: 5.0}).run(1)
+        plan = commit_next(s, 10)
+        s.complete(10, [CompletionRecord(h, tokens=tokens, offered=3)], ExecutionTiming(5 * MS, 5 * MS))
+        s.published_output(h, 10)
+        rates.append(s.request_view(h).delivery_rate)
+    assert rates[0] == rates[1]
+
+
+def test_U4_phase_transition_keeps_the_token_rate():
+    s = measured({P64: 4.0, D1: 3.0})
+    h = s.admit(ask(64, 5))
+    plan = commit_next(s, 1)
+    s.complete(1, prompt_records(plan), TIMING)
+    after_prefill = s.request_view(h).token_rate
+    assert s.request_view(h).phase is LanePhase.DECODE
+    s.advance_to(s.now_ns + 50 * MS)
+    assert s.request_view(h).token_rate == after_prefill  # no reset on becoming a decoder; time alone changes nothing
+
+
+def test_U5_reference_interval_counts_decoders_only():
+    s = measured({P64: 4.0, D1: 3.0, D2: 4.0})
+    (a, b), fence = decoding(s, 2)
+    s.admit(ask(4096, 5))  # a prompter: no delivery coordinate, does not enlarge K
+    timings = s._timings()
+    decoders = [s._slots[x.slot] for x in (a, b)]
+    sigma = s._reference_intervals(decoders, timings)
+    # K = k = 2: min over graphs of T/min(B, 2) is D2's 4/2 = 2 ms; sigma = 2 * 2 ms
+    assert list(sigma.values()) == [pytest.approx(4.0)]
+    population = s._population(s.now_ns, timings)
+    assert population.active_age_price == pytest.approx(2 * s.policy.decode_age_price)
+    assert population.decoders.age_slope == pytest.approx([0.1 * 4.0] * 2)
