@@ -8,10 +8,13 @@ nothing).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from helios.scheduler.types import GraphDescriptor, GraphKind
 from ignition.models.programs import ProgramSpec, StateLayout, build_program
@@ -380,3 +383,57 @@ def test_C4_width_one_speculative_variant_decodes_like_decode():
         spec = build_program(desc, CONFIG, LAYOUT, WEIGHTS)
         streams.append([int(h.run(spec, rows=[dict(slot=1, length=1, **SAMPLED)])["tokens"][0, 0]) for _ in range(4)])
     assert streams[0] == streams[1]
+
+
+MIXED_EXAMPLES = 6 if os.environ.get("FLARE_TEST_SCALE") == "ci" else 20
+
+
+@st.composite
+def mixed_cohorts(draw):
+    """A mixed frame: rows in any order over distinct slots, some inactive, maybe one prompt row."""
+    slots = draw(st.permutations(range(4)))
+    lengths = [draw(st.integers(0, 3)) for _ in range(4)]
+    prompt_row = draw(st.sampled_from([None, 0, 1, 2, 3]))
+    prompt_len = draw(st.integers(1, 16))
+    wrong = [draw(st.sampled_from([None, 0, 1])) for _ in range(4)]
+    return slots, lengths, prompt_row, prompt_len, wrong
+
+
+@pytest.mark.slow
+@settings(max_examples=MIXED_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cohort=mixed_cohorts())
+def test_C14_any_mixed_cohort_commits_what_plain_decoding_would(cohort):
+    slots, lengths, prompt_row, prompt_len, wrong = cohort
+    h, prompts = Harness(), {s: _prompt(3 + 2 * s, 50 + s) for s in range(4)}
+    for s, p in prompts.items():
+        h.prefill(s, p, SAMPLED)
+    before = {k: v.clone() for k, v in h.state.items()}
+    new_prompt = _prompt(prompt_len, 60)
+    if prompt_row is not None:
+        lengths[prompt_row] = prompt_len
+    want = {s: reference_generate(prompts[s], 4, SAMPLED) for s, n in zip(slots, lengths) if n}
+    drafts = torch.zeros(4, 2, dtype=torch.int64)
+    for r, (s, n, bad) in enumerate(zip(slots, lengths, wrong)):
+        if n and r != prompt_row:
+            drafts[r] = torch.tensor(_drafts(want[s][1:], bad, 3))
+    chunk = torch.zeros(16, dtype=torch.int64)
+    chunk[:prompt_len] = torch.tensor(new_prompt)
+    rows = [dict(slot=s, length=n, **SAMPLED) for s, n in zip(slots, lengths)]
+    out = h.run(build_program(MIXED, CONFIG, LAYOUT, WEIGHTS), rows=rows, draft_tokens=drafts, prompt_tokens=chunk,
+                prefill_row=[-1 if prompt_row is None else prompt_row], prompt_start=[0], prompt_final=[True])
+    for r, (s, n, bad) in enumerate(zip(slots, lengths, wrong)):
+        count = int(out["num_tokens"][r])
+        if r == prompt_row:
+            assert count == 1 and int(out["tokens"][r, 0]) == reference_generate(new_prompt, 1, SAMPLED)[0]
+            assert int(h.state["seq_lens"][s]) == prompt_len
+        elif n:
+            assert count == (bad + 1 if bad is not None and bad < n - 1 else n)
+            assert out["tokens"][r, :count].tolist() == want[s][1 : 1 + count]
+            assert int(h.state["seq_lens"][s]) == len(prompts[s]) + count
+        else:
+            assert count == 0
+            pages = h.page_table[s].long()
+            for name in ("k_cache", "v_cache"):
+                assert torch.equal(h.state[name][:, pages], before[name][:, pages])
+            assert int(h.state["seq_lens"][s]) == int(before["seq_lens"][s])
+            assert int(h.state["pending"][s]) == int(before["pending"][s])
