@@ -139,3 +139,27 @@ def test_ops_pass_opcheck():
     state = (torch.arange(SLOTS), torch.arange(SLOTS, dtype=torch.int32))
     new = (torch.arange(len(row_slots)) + 50, torch.arange(len(row_slots), dtype=torch.int32) + 9)
     torch.library.opcheck(torch.ops.flare.write_slot_state.default, (*state, row_slots, query_lens, *new))
+
+
+def test_paged_attention_reads_only_the_live_context():
+    """Work follows the real lengths: positions past each row's context are never read,
+    so NaN there and garbage page ids past the used pages change nothing."""
+    gen, row_slots, query_lens, start = _ragged_case(5)
+    page_table = _page_table(gen)
+    k_cache = torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen)
+    v_cache = torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen)
+    q = torch.randn(int(query_lens.sum()), HEADS, DIM, generator=gen)
+    args = (row_slots, query_lens, start, 0.3)
+    want = torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, page_table, *args)
+
+    live = torch.zeros(PAGES, PAGE, dtype=torch.bool)
+    garbage_table = torch.full_like(page_table, 10**6)
+    for slot, end in zip(row_slots.tolist(), (start + query_lens).tolist()):
+        used = -(-end // PAGE)
+        garbage_table[slot, :used] = page_table[slot, :used]
+        for pos in range(end):
+            live[page_table[slot, pos // PAGE], pos % PAGE] = True
+    k_cache[:, ~live] = float("nan")
+    v_cache[:, ~live] = float("nan")
+    got = torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, garbage_table, *args)
+    assert torch.equal(got, want)
