@@ -177,6 +177,7 @@ class Scheduler:
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
         self._keys = tuple(g.cost_key() for g in self.graphs)
+        self._infos = pol.describe(self.graphs)
         self._family_graphs: dict[DeliveryFamily, tuple[int, ...]] = {}
         self._cost_version = 0  # bumps on every cost observation: invalidates cached timings
         self._timing_cache: tuple[tuple[int, int], list[pol.GraphTiming]] | None = None
@@ -312,7 +313,7 @@ class Scheduler:
         timings = self._timings()
         start_ns = max(self.now_ns, self._frames[-1].end_ns) if self._frames else self.now_ns
         population = self._population(start_ns, timings)
-        choice = pol.select(self.graphs, timings, population)
+        choice = pol.select(self.graphs, timings, population, self._infos)
         if choice is None:
             return None
         if self._frames and choice.requires_feedback:

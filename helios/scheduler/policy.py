@@ -172,7 +172,7 @@ class _Candidate:
     score: float
     served: int
     padding: int
-    logical: tuple  # U12: what the candidate does, independent of its physical shape
+    logical: Callable[[], tuple]  # U12: what the candidate does, independent of its physical shape
     build: Callable[[], tuple[tuple[PlannedLane, ...], int | None]]
     recency: int = 0
     magnitude: float = 0.0
@@ -187,6 +187,10 @@ class _Candidate:
     def capacities(self) -> tuple[int, int, int, int]:
         g = self.graph
         return (g.batch_capacity, g.width, g.target_rows, g.prefill_capacity)
+
+    def logical_key(self) -> tuple:
+        key = self.logical
+        return key() if callable(key) else key
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +224,9 @@ class _DecodeRanking:
 class _Selector:
     """One decision's caches: rankings per width and per prompt capacity."""
 
-    def __init__(self, population: Population) -> None:
+    def __init__(self, population: Population, infos: Sequence[GraphInfo]) -> None:
         self.pop = population
+        self.infos = infos
         self.decode_rankings: dict[tuple[str | None, int], _DecodeRanking] = {}
         self.prompt_rankings: dict[int, tuple[RankedLanes, list[int]]] = {}
         self.adaptive_lanes: dict[tuple[str | None, int], list[tuple[int, AdaptiveLane, float]]] = {}
@@ -337,6 +342,28 @@ def _score(served_value_base: float, slope: float, timing: GraphTiming, active: 
     return value_rate(served_value_base + slope * t_ms, t_ms, active)
 
 
+@dataclass(frozen=True, slots=True)
+class GraphInfo:
+    """What selection derives from a descriptor alone; built once per catalog."""
+
+    source: str | None  # proposal source pricing its rows; None for width-one rows
+    width: int  # logical width: min(W, D + 1) for rows that draw proposals, else 1
+    prefix_limit: bool  # the device allocates its rows within P (S2)
+    capacities: tuple[int, int, int, int]  # (B, W, P, prompt capacity) for dominance (U12)
+
+
+def describe(graphs: Sequence[GraphDescriptor]) -> tuple[GraphInfo, ...]:
+    return tuple(
+        GraphInfo(
+            _proposal_source(g),
+            _logical_width(g),
+            rounds.is_prefix_limit(g),
+            (g.batch_capacity, g.width, g.target_rows, g.prefill_capacity),
+        )
+        for g in graphs
+    )
+
+
 def _proposal_source(graph: GraphDescriptor) -> str | None:
     """Source whose acceptance prices the graph's rows; None for width-one rows."""
     if not rounds.draws_proposals(graph):
@@ -389,11 +416,12 @@ def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, ti
     as a ``_Deferred`` carrying an upper bound: the rectangular value of the same
     lanes at full width, which no row budget can exceed.
     """
-    r = sel.decode_ranking(_proposal_source(graph), _logical_width(graph))
+    info = sel.infos[index]
+    r = sel.decode_ranking(info.source, info.width)
     if not r.members:
         return None
     active = sel.pop.active_age_price
-    if rounds.is_prefix_limit(graph):
+    if info.prefix_limit:
         k, base = r.ranked.best(min(graph.batch_capacity, graph.target_rows))
         bound = (not timing.known, _score(base, r.slope_prefix[k], timing, active))
         return _Deferred(bound, lambda: _adaptive_candidate(sel, index, graph, timing))
@@ -401,7 +429,7 @@ def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, ti
     if graph.ragged and r.length_prefix[k] > graph.target_rows:
         bound = (not timing.known, _score(base, r.slope_prefix[k], timing, active))
         return _Deferred(bound, lambda: _constrained_candidate(sel, index, graph, timing, r))
-    logical = (graph.kind, graph.proposal_depth, r.logical(k))
+    logical = lambda: (graph.kind, graph.proposal_depth, r.logical(k))  # noqa: E731
     return _Candidate(
         index=index,
         graph=graph,
@@ -438,7 +466,7 @@ def _constrained_candidate(sel, index, graph, timing, r: _DecodeRanking):
             for j in chosen
         ), None
 
-    logical = (graph.kind, graph.proposal_depth, tuple(sorted((r.members[j], r.lengths[j]) for j in chosen)))
+    logical = (graph.kind, graph.proposal_depth, tuple(sorted((r.members[j], r.lengths[j]) for j in chosen)))  # rare path
     return _Candidate(index, graph, timing, score, len(chosen), graph.target_rows - rows, logical, build)
 
 
@@ -467,12 +495,13 @@ def _adaptive_lanes(sel: _Selector, source: str, width: int):
 
 def _adaptive_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
     """Device-allocated program: cohort prefixes under three orderings (U10)."""
-    lanes, orders = _adaptive_lanes(sel, _proposal_source(graph), _logical_width(graph))
+    info = sel.infos[index]
+    lanes, orders = _adaptive_lanes(sel, info.source, info.width)
     if not lanes:
         return None
     t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
     plain = [lane for _, lane, _ in lanes]
-    key = (_proposal_source(graph), _logical_width(graph))
+    key = (info.source, info.width)
 
     def prefix_values(name, order, rows, limit):
         cached = sel.adaptive_prefixes.get((key, name, rows))
@@ -514,7 +543,7 @@ def _prefill_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timin
         return None
     rows = ranked.order[:k]
     used = sum(tokens[i] for i in rows)
-    logical = (graph.kind, tuple(sorted((i, tokens[i]) for i in rows)))
+    logical = lambda: (graph.kind, tuple(sorted((i, tokens[i]) for i in rows)))  # noqa: E731
     return _Candidate(
         index=index,
         graph=graph,
@@ -529,7 +558,8 @@ def _prefill_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timin
 
 def _mixed_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
     """Best decode-only cohort vs best prompt row plus the best B-1 decoders (P7)."""
-    r = sel.decode_ranking(_proposal_source(graph), _logical_width(graph))
+    info = sel.infos[index]
+    r = sel.decode_ranking(info.source, info.width)
     active = sel.pop.active_age_price
     options = []
     k, base = r.ranked.best(graph.batch_capacity)
@@ -553,7 +583,7 @@ def _mixed_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing:
         return (_prompt_lane(sel, prompt, tokens[prompt]), *lanes), 0
 
     prompt_key = None if prompt is None else (prompt, tokens[prompt])
-    logical = (graph.kind, graph.proposal_depth, prompt_key, r.logical(k))
+    logical = lambda: (graph.kind, graph.proposal_depth, prompt_key, r.logical(k))  # noqa: E731
     served = k + (prompt is not None)
     padding = graph.max_packed_tokens - rows
     return _Candidate(index, graph, timing, score, served, padding, logical, build)
@@ -592,7 +622,7 @@ def prune_dominated(candidates: Sequence[_Candidate]) -> list[_Candidate]:
     """U12: for the same logical work, drop shapes that are only larger (padding)."""
     groups: dict[tuple, list[_Candidate]] = {}
     for c in candidates:
-        groups.setdefault(c.logical, []).append(c)
+        groups.setdefault(c.logical_key(), []).append(c)
     kept = []
     for group in groups.values():
         for c in group:
@@ -610,13 +640,42 @@ def _recency(c: _Candidate, sel: _Selector) -> int:
     return max((by_slot[lane.handle.slot] for lane in lanes), default=0)
 
 
+def _is_dominated(c: _Candidate, candidates: Sequence[_Candidate]) -> bool:
+    """U12: another shape of the same kind does the same logical work with no larger capacity."""
+    caps, key = c.capacities(), None
+    for o in candidates:
+        if o is c or o.graph.kind is not c.graph.kind or not _dominates(o.capacities(), caps):
+            continue
+        key = c.logical_key() if key is None else key
+        if o.logical_key() == key:
+            return True
+    return False
+
+
+def _best_undominated(candidates: Sequence[_Candidate]) -> list[_Candidate]:
+    """Every candidate tied at the best rank among those no padded alternative dominates.
+
+    Pruning only ever removes candidates, so it is enough to test the best ones
+    in rank order; the logical keys of the rest are never built.
+    """
+    tied: list[_Candidate] = []
+    for c in sorted(candidates, key=_Candidate.rank_key, reverse=True):
+        if tied and c.rank_key() < tied[0].rank_key():
+            break
+        if not _is_dominated(c, candidates):
+            tied.append(c)
+    return tied
+
+
 def _add_deferred(candidates: list[_Candidate], deferred: Sequence[_Deferred]) -> None:
     """Evaluate expensive candidates best bound first, skipping those that cannot win.
 
-    Skipping is exact for the winner: a skipped bound is strictly below a
-    candidate already in hand.
+    A bound strictly below the best undominated candidate in hand cannot win.
+    (A skipped shape could in principle have dominated that candidate with the
+    same logical work at a longer measured duration; that corner is accepted.)
     """
-    best = max((c.rank_key() for c in candidates), default=None)
+    leaders = _best_undominated(candidates)
+    best = leaders[0].rank_key() if leaders else None
     for d in sorted(deferred, key=lambda d: d.bound, reverse=True):
         if best is not None and d.bound < best:
             break
@@ -630,9 +689,14 @@ def select(
     graphs: Sequence[GraphDescriptor],
     timings: Sequence[GraphTiming],
     population: Population,
+    infos: Sequence[GraphInfo] | None = None,
 ) -> Choice | None:
-    """The best graph and cohort for the population, or None when nothing can run."""
-    sel = _Selector(population)
+    """The best graph and cohort for the population, or None when nothing can run.
+
+    ``infos`` is :func:`describe` of ``graphs``; callers planning repeatedly on
+    one catalog pass it to skip recomputing it.
+    """
+    sel = _Selector(population, infos if infos is not None else describe(graphs))
     candidates, deferred = [], []
     for index, (graph, timing) in enumerate(zip(graphs, timings)):
         make = _CANDIDATES.get(graph.kind)
@@ -644,11 +708,9 @@ def select(
     prefill_sizes = [g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL]
     candidates = [c for c in candidates if not _explores_redundantly(c, sel, prefill_sizes)]
     _add_deferred(candidates, deferred)
-    candidates = prune_dominated(candidates)
-    if not candidates:
+    tied = _best_undominated(candidates)
+    if not tied:
         return None
-    top = max(c.rank_key() for c in candidates)
-    tied = [c for c in candidates if c.rank_key() == top]
     if len(tied) > 1:
         for c in tied:
             c.recency = _recency(c, sel)
