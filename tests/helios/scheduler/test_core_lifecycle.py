@@ -15,6 +15,7 @@ from helios.scheduler import (
     GraphKind,
     LanePhase,
     PolicyConfig,
+    RequestHandle,
     Scheduler,
     ValueSource,
 )
@@ -355,3 +356,31 @@ def test_U5_reference_interval_counts_decoders_only():
     population = s._population(s.now_ns, timings)
     assert population.active_age_price == pytest.approx(2 * s.policy.decode_age_price)
     assert population.decoders.age_slope == pytest.approx([0.1 * 4.0] * 2)
+
+
+def test_survival_variants_validate_their_rows_before_anything_changes():
+    S4 = spec(1, 4)
+    s = measured({P64: 4.0, S4: 5.0})
+    h = s.admit(ask(64, 100, sources=("learned",)))
+    Driver(s, {P64: 4.0, S4: 5.0}).run(1)
+    commit_next(s, 10)
+    record = [CompletionRecord(h, tokens=(1, 2), offered=3)]
+    with pytest.raises(ValueError, match="at most D = 3"):
+        s.complete_with_survival(10, record, TIMING, [(0.9, 0.8, 0.7, 0.6)])
+    with pytest.raises(ValueError, match="one row per record"):
+        s.complete_with_survival(10, record, TIMING, [])
+    with pytest.raises(ValueError, match="host-allocated"):
+        s.complete_packed_round_with_survival(10, record, TIMING, None, [(0.9,)])
+    assert s.request_view(h).produced == 1
+    out = s.complete_with_survival(10, record, TIMING, [(0.9, 0.5, 0.1)])
+    assert out[0].tokens == (1, 2) and s.request_view(h).produced == 3
+
+
+def test_bad_handles_and_graph_ids_get_clear_errors():
+    s = measured(BASIC)
+    with pytest.raises(ValueError, match="unknown graph id"):
+        s.observe_duration("no-such-graph", 5)
+    with pytest.raises(ValueError, match="never admitted"):
+        s.published_output(RequestHandle(0, 99), 1)
+    with pytest.raises(ValueError, match="no submitted frame"):
+        s.complete(1, [], TIMING)
