@@ -220,15 +220,17 @@ class ExplorationAccounts:
         """
         if timing.device_ns < 0 or timing.wall_ns < 0:
             raise ValueError(f"execution intervals must be >= 0 ns, got {timing}")
+        exploring = reason in EXPLORATION_REASONS
+        if exploring and not self._ledger(reason).episode_open:
+            raise ValueError(f"no open {reason.value} episode to close: call begin at commit")
         spent = physical_ns(timing, queued)
         self.counters.add(reason, spent)
-        if reason is SelectionReason.ORDINARY:
-            if timing.device_ns > 0:
-                credited = frame_interval_ns(timing, queued)
-                self.timing.earn(credited)
-                self.learning.earn(credited)
-        elif reason is not SelectionReason.DISCOVERY:
+        if exploring:
             self._ledger(reason).close(spent)
+        elif reason is SelectionReason.ORDINARY and timing.device_ns > 0:
+            credited = frame_interval_ns(timing, queued)
+            self.timing.earn(credited)
+            self.learning.earn(credited)
 
     def idle(self) -> None:
         """The device ran out of work: positive credit lapses in both ledgers, debt stays."""

@@ -149,8 +149,9 @@ def test_D7_begin_without_full_credit_or_record_without_begin_is_an_error():
     accounts = ExplorationAccounts()
     with pytest.raises(ValueError, match="needs full credit"):
         accounts.begin(REFRESH)
-    with pytest.raises(ValueError, match="no open episode"):
+    with pytest.raises(ValueError, match="no open acceptance_learning episode"):
         accounts.record(PROBE, timing(1), queued=False)
+    assert accounts.counters.executions(PROBE) == 0  # the rejected record changed nothing
     with pytest.raises(ValueError, match="spend no exploration credit"):
         accounts.begin(ORDINARY)
 
