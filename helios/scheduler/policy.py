@@ -211,6 +211,7 @@ class _DecodeRanking:
     ranked: RankedLanes  # over base values (ranking order == members)
     slope_prefix: list[float]
     length_prefix: list[int]
+    uniform_slope: bool = True  # every lane shares c*sigma: the order holds for any T
     keys: dict[int, tuple] = field(default_factory=dict)  # k -> logical key
 
     def logical(self, k: int) -> tuple:
@@ -257,16 +258,32 @@ class _Selector:
             self.cumulative[source] = gains
         return gains
 
-    def decode_ranking(self, source: str | None, width: int) -> _DecodeRanking:
+    def decode_ranking(self, source: str | None, width: int, timing: GraphTiming | None = None) -> _DecodeRanking:
+        """The ranking for one logical width, exact for a graph of this ``timing``.
+
+        A lane's value for a graph of duration T is base + c*sigma*T. Within one
+        delivery family c*sigma is shared, so one ranking by base serves every T.
+        Only when the eligible lanes mix families (different sigma) does the
+        order depend on T; then the ranking is rebuilt per distinct duration.
+        """
         key = (source, width)
         ranking = self.decode_rankings.get(key)
         if ranking is None:
-            ranking = self._rank_decoders(source, width)
-            self.decode_rankings[key] = ranking
-        return ranking
+            ranking = self.decode_rankings[key] = self._rank_decoders(source, width, None)
+        if ranking.uniform_slope or timing is None or not timing.known:
+            return ranking
+        t_ms = timing.duration_ns / 1e6
+        timed = self.decode_rankings.get((source, width, t_ms))
+        if timed is None:
+            timed = self.decode_rankings[(source, width, t_ms)] = self._rank_decoders(source, width, t_ms)
+        return timed
 
-    def _rank_decoders(self, source: str | None, width: int) -> _DecodeRanking:
-        """Lane values of every eligible decoder at one logical width, ranked once (U9)."""
+    def _rank_decoders(self, source: str | None, width: int, t_ms: float | None) -> _DecodeRanking:
+        """Lane values of every eligible decoder at one logical width, ranked once (U9).
+
+        With ``t_ms`` the values include each lane's c*sigma*T, and the slope
+        prefix is zero (the graph duration is already priced in).
+        """
         d = self.pop.decoders
         fixed = self._fixed_values()
         if source is None:
@@ -281,17 +298,21 @@ class _Selector:
                 min(float(d.room[i]), 1.0 + gains[i][min(n - 1, len(gains[i]) - 1)]) for i, n in zip(idx, lengths)
             ]
         values = [e * d.token_price[i] + fixed[i] for i, e in zip(idx, expected)]
+        slopes = [d.age_slope[i] for i in idx]
+        if t_ms is not None:
+            values = [v + t_ms * slope for v, slope in zip(values, slopes)]
         ranked = RankedLanes.rank(values, None if self.decoders_lru else [d.recency[i] for i in idx])
         order = ranked.order
-        members = [idx[j] for j in order]
         ordered_lengths = [lengths[j] for j in order]
+        ordered_slopes = [0.0 if t_ms is not None else slopes[j] for j in order]
         return _DecodeRanking(
-            members=members,
+            members=[idx[j] for j in order],
             lengths=ordered_lengths,
             expected=[expected[j] for j in order],
             ranked=ranked,
-            slope_prefix=_prefix([d.age_slope[i] for i in members]),
+            slope_prefix=_prefix(ordered_slopes),
             length_prefix=_prefix_int(ordered_lengths),
+            uniform_slope=len(set(slopes)) <= 1,
         )
 
     def _fixed_values(self) -> list[float]:
@@ -417,7 +438,7 @@ def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, ti
     lanes at full width, which no row budget can exceed.
     """
     info = sel.infos[index]
-    r = sel.decode_ranking(info.source, info.width)
+    r = sel.decode_ranking(info.source, info.width, timing)
     if not r.members:
         return None
     active = sel.pop.active_age_price
@@ -446,7 +467,8 @@ def _constrained_candidate(sel, index, graph, timing, r: _DecodeRanking):
     """Host-allocated ragged program whose P binds: exact best cohort fitting B and P (U9)."""
     t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
     n = len(r.members)
-    values = [r.ranked.prefix[j + 1] - r.ranked.prefix[j] + t_ms * (r.slope_prefix[j + 1] - r.slope_prefix[j]) for j in range(n)]
+    base, slope = r.ranked.prefix, r.slope_prefix
+    values = [base[j + 1] - base[j] + t_ms * (slope[j + 1] - slope[j]) for j in range(n)]
     total, chosen = best_constrained_cohort(values, r.lengths, graph.batch_capacity, graph.target_rows)
     if not chosen:
         return None
@@ -466,7 +488,7 @@ def _constrained_candidate(sel, index, graph, timing, r: _DecodeRanking):
             for j in chosen
         ), None
 
-    logical = (graph.kind, graph.proposal_depth, tuple(sorted((r.members[j], r.lengths[j]) for j in chosen)))  # rare path
+    logical = (graph.kind, graph.proposal_depth, tuple(sorted((r.members[j], r.lengths[j]) for j in chosen)))
     return _Candidate(index, graph, timing, score, len(chosen), graph.target_rows - rows, logical, build)
 
 
@@ -536,7 +558,11 @@ def _adaptive_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timi
 
 
 def _prefill_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
-    """Prompt rows earn the tokens they can actually consume (U13)."""
+    """Prompt rows earn the tokens they can actually consume (U13).
+
+    Each of the B rows serves one prompter and consumes up to the graph's
+    prompt capacity; unused capacity is padding and earns nothing.
+    """
     ranked, tokens = sel.prompt_ranking(graph.prefill_capacity)
     k, base = ranked.best(graph.batch_capacity)
     if k == 0:
@@ -559,7 +585,7 @@ def _prefill_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timin
 def _mixed_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
     """Best decode-only cohort vs best prompt row plus the best B-1 decoders (P7)."""
     info = sel.infos[index]
-    r = sel.decode_ranking(info.source, info.width)
+    r = sel.decode_ranking(info.source, info.width, timing)
     active = sel.pop.active_age_price
     options = []
     k, base = r.ranked.best(graph.batch_capacity)

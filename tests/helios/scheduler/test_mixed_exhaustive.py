@@ -24,13 +24,14 @@ def mixed_cases(draw):
     capacity = draw(st.sampled_from([64, 128]))
     graph = mixed(batch, capacity, width, width - 1)
     slope = draw(st.floats(0.0, 2.0))
+    shared_slope = draw(st.booleans())
     dec = pol.Decoders()
     for i in range(draw(st.integers(0, 5))):
         dec.handle.append(RequestHandle(i, i + 1))
         dec.token_price.append(draw(prices))
         dec.delivery_price.append(draw(prices))
         dec.age_credit.append(draw(prices))
-        dec.age_slope.append(slope)
+        dec.age_slope.append(slope if shared_slope else draw(st.floats(0.0, 2.0)))  # families may differ
         dec.room.append(draw(st.integers(1, 5)))
         s = sorted(draw(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3)), reverse=True)
         dec.survival.append({"learned": tuple(s)})

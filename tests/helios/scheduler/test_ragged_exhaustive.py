@@ -21,13 +21,14 @@ prices = st.floats(0.0, 100.0, allow_nan=False)
 @st.composite
 def decoder_population(draw, most: int = 6):
     slope = draw(st.floats(0.0, 2.0))
+    shared_slope = draw(st.booleans())
     dec = pol.Decoders()
     for i in range(draw(st.integers(1, most))):
         dec.handle.append(RequestHandle(i, i + 1))
         dec.token_price.append(draw(prices))
         dec.delivery_price.append(draw(prices))
         dec.age_credit.append(draw(prices))
-        dec.age_slope.append(slope)
+        dec.age_slope.append(slope if shared_slope else draw(st.floats(0.0, 2.0)))  # families may differ
         dec.room.append(draw(st.integers(1, 6)))
         s = sorted(draw(st.lists(st.floats(0.0, 1.0), min_size=4, max_size=4)), reverse=True)
         dec.survival.append({"learned": tuple(s)})
