@@ -13,7 +13,7 @@ before any program is loaded because the programs call those custom ops.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -210,6 +210,8 @@ class ProgramEntry:
     outputs: tuple[ArgSpec, ...]
     file: str
     sha256: str
+    compiled_file: str | None = None  # AOTInductor package (``compile: aoti`` catalogs)
+    compiled_sha256: str | None = None
 
     @property
     def id(self) -> str:
@@ -222,6 +224,8 @@ class ProgramEntry:
             "outputs": [a.to_dict() for a in self.outputs],
             "file": self.file,
             "sha256": self.sha256,
+            **({"compiled_file": self.compiled_file, "compiled_sha256": self.compiled_sha256}
+               if self.compiled_file else {}),
         }
 
     @classmethod
@@ -232,6 +236,8 @@ class ProgramEntry:
             outputs=tuple(ArgSpec.from_dict(a) for a in raw["outputs"]),
             file=str(raw["file"]),
             sha256=str(raw["sha256"]),
+            compiled_file=raw.get("compiled_file"),
+            compiled_sha256=raw.get("compiled_sha256"),
         )
 
 
@@ -301,7 +307,7 @@ class CatalogProgram:
     Mutated inputs (caches, pending tokens, lengths) are updated in place.
     """
 
-    def __init__(self, entry: ProgramEntry, module: torch.nn.Module, weights: Mapping[str, Mapping[str, torch.Tensor]]):
+    def __init__(self, entry: ProgramEntry, module: Callable[..., Any], weights: Mapping[str, Mapping[str, torch.Tensor]]):
         self.entry = entry
         self.module = module
         self._weights = weights
@@ -368,11 +374,22 @@ class Catalog:
         return self._weights
 
     def program(self, program_id: str) -> CatalogProgram:
-        """The loaded program for ``program_id`` (materialized on first use, then cached)."""
+        """The loaded program for ``program_id`` (materialized on first use, then cached).
+
+        In an ``aoti`` catalog this is the compiled package; ``exported_program``
+        gives the portable exported module of the same program.
+        """
         if program_id not in self._programs:
-            entry = self.entry(program_id)
-            self._programs[program_id] = CatalogProgram(entry, _load_module(self.path, entry), self.weights)
+            self._programs[program_id] = self._materialize(program_id, compiled=True)
         return self._programs[program_id]
+
+    def exported_program(self, program_id: str) -> CatalogProgram:
+        """The portable ``torch.export`` module (not cached; for checks and fallbacks)."""
+        return self._materialize(program_id, compiled=False)
+
+    def _materialize(self, program_id: str, compiled: bool) -> CatalogProgram:
+        entry = self.entry(program_id)
+        return CatalogProgram(entry, _load_module(self.path, entry, compiled), self.weights)
 
 
 def _read_weight_set(root: Path, weight_set: WeightSet) -> dict[str, torch.Tensor]:
@@ -385,13 +402,17 @@ def _read_weight_set(root: Path, weight_set: WeightSet) -> dict[str, torch.Tenso
     return {key: tensors[key] for key in weight_set.keys}
 
 
-def _load_module(root: Path, entry: ProgramEntry) -> torch.nn.Module:
+def _load_module(root: Path, entry: ProgramEntry, compiled: bool) -> Any:
+    """The exported module, or the AOTInductor-compiled one when asked for and present."""
     import helios.ops  # noqa: F401  (registers the custom ops the programs call)
 
+    path = root / (entry.compiled_file if compiled and entry.compiled_file else entry.file)
     try:
-        return torch.export.load(root / entry.file).module()
+        if compiled and entry.compiled_file:
+            return torch._inductor.aoti_load_package(str(path))
+        return torch.export.load(path).module()
     except Exception as exc:  # a corrupt archive surfaces as many exception types
-        raise CatalogError(f"{root / entry.file}: cannot load program {entry.id}: {exc}") from exc
+        raise CatalogError(f"{path}: cannot load program {entry.id}: {exc}") from exc
 
 
 def load(path: str | Path) -> Catalog:
@@ -442,6 +463,7 @@ def _check_versions(root: Path, manifest: Manifest) -> None:
 def _hashed_files(manifest: Manifest) -> list[tuple[str, str]]:
     files = [(w.file, w.sha256) for w in manifest.weights]
     files += [(p.file, p.sha256) for p in manifest.programs]
+    files += [(p.compiled_file, p.compiled_sha256) for p in manifest.programs if p.compiled_file]
     files += [(f"tokenizer/{name}", digest) for name, digest in manifest.tokenizer.get("files", {}).items()]
     return files
 

@@ -128,7 +128,7 @@ def plan(
 
 
 CompileOpt = Annotated[
-    str, typer.Option("--compile", help="none: export programs only; aoti: AOTInductor (not supported yet).")
+    str, typer.Option("--compile", help="none: export programs only (fast); aoti: also AOTInductor-compile each program (slow).")
 ]
 
 

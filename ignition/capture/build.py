@@ -7,6 +7,7 @@ manifest last, then rename the folder into place.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections import Counter
@@ -61,17 +62,17 @@ def write_catalog(
 ) -> CaptureSummary:
     """Capture ``source`` into the catalog folder ``out``, atomically."""
     observer = observer or CaptureObserver()
-    if compile != "none":
-        raise CaptureError(f"--compile {compile} is not supported yet; use --compile none (export only)")
+    if compile not in COMPILE_MODES:
+        raise CaptureError(f"--compile {compile!r} is unknown; use one of {', '.join(COMPILE_MODES)}")
     started = time.perf_counter()
     with staged_folder(out) as root:
         observer.step("write weights")
         weights = _write_weights(root, source.weights)
         observer.step("copy tokenizer")
         tokenizer = _copy_tokenizer(root, source)
-        programs = _export_programs(root, source, weights, observer)
+        programs = _export_programs(root, source, weights, observer, compile == "aoti")
         observer.step("write manifest")
-        manifest = _manifest(source, weights, tokenizer, programs)
+        manifest = dataclasses.replace(_manifest(source, weights, tokenizer, programs), compile=compile)
         (root / MANIFEST_NAME).write_text(manifest.dump())
         total = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     kinds = Counter(p.descriptor.kind.value for p in programs)
@@ -100,30 +101,35 @@ def _copy_tokenizer(root: Path, source: CaptureSource) -> dict:
 
 
 def _export_programs(
-    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver
+    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver, aoti: bool
 ) -> tuple[ProgramEntry, ...]:
     (root / "programs").mkdir()
-    observer.step(f"export {len(source.graphs)} programs")
+    observer.step(f"export {len(source.graphs)} programs" + (" and compile them with AOTInductor" if aoti else ""))
     observer.programs_started(len(source.graphs))
     entries = []
     for descriptor in source.graphs:
-        entries.append(_export_one(root, source, weights, descriptor))
+        entries.append(_export_one(root, source, weights, descriptor, aoti))
         observer.program_done(descriptor)
     return tuple(entries)
 
 
 def _export_one(
-    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], descriptor: GraphDescriptor
+    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], descriptor: GraphDescriptor, aoti: bool
 ) -> ProgramEntry:
     relative = f"programs/{descriptor.id}.pt2"
+    compiled = f"programs/{descriptor.id}.aoti.pt2" if aoti else None
     spec = source.build(descriptor)
-    exported = export_program(spec, root / relative, {w.name: frozenset(w.keys) for w in weights})
+    key_sets = {w.name: frozenset(w.keys) for w in weights}
+    exported = export_program(spec, root / relative, key_sets, root / compiled if compiled else None)
     orders = {w.name: w.keys for w in weights}
     for arg in exported.inputs:
         if arg.weights is not None and exported.weight_orders[arg.name] != orders[arg.weights]:
             raise CaptureError(f"program {descriptor.id}: input {arg.name!r} orders its weight keys differently "
                                f"from weight set {arg.weights!r}; programs must share one key order")
-    return ProgramEntry(descriptor, exported.inputs, exported.outputs, relative, file_sha256(root / relative))
+    return ProgramEntry(
+        descriptor, exported.inputs, exported.outputs, relative, file_sha256(root / relative),
+        compiled_file=compiled, compiled_sha256=file_sha256(root / compiled) if compiled else None,
+    )
 
 
 def _state_tensors(programs: tuple[ProgramEntry, ...]) -> tuple[ArgSpec, ...]:

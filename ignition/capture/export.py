@@ -48,14 +48,19 @@ def positional_args(spec: ProgramSpecLike) -> tuple[Any, ...]:
     return args
 
 
-def export_program(spec: ProgramSpecLike, path: Path, weight_sets: Mapping[str, frozenset[str]]) -> ExportedProgram:
-    """Export ``spec`` to ``path``.
+def export_program(
+    spec: ProgramSpecLike, path: Path, weight_sets: Mapping[str, frozenset[str]], compiled_path: Path | None = None
+) -> ExportedProgram:
+    """Export ``spec`` to ``path`` (and, given ``compiled_path``, an AOTInductor package there).
 
     ``weight_sets`` gives each weight set's key names: a dict input is recorded as
     the set whose keys it holds, so the runtime can rebind it from the catalog.
+    Weights stay inputs of the compiled package too, so it holds no weights.
     """
     args = positional_args(spec)
     ep = torch.export.export(spec.module, args, strict=False)
+    if compiled_path is not None:
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(compiled_path))
     # What the graph writes, plus what the builder declares (belt and braces).
     mutated = _mutated_inputs(ep, spec.input_names, args) | set(getattr(spec, "mutated_inputs", ()))
     outputs = _output_specs(ep, spec.output_names)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -58,8 +59,8 @@ def capture(request: CaptureRequest, observer: CaptureObserver | None = None) ->
 
 def preflight(request: CaptureRequest) -> tuple[Recipe, CapacityPlan]:
     """Every cheap check, before any output: bad input fails fast with one line."""
-    if request.compile != "none":
-        raise CaptureError(f"--compile {request.compile} is not supported yet; use --compile none (export only)")
+    if request.compile == "aoti" and not (shutil.which("c++") or shutil.which("g++")):
+        raise CaptureError("--compile aoti needs a C++ compiler (c++ or g++) on PATH; install one or use --compile none")
     recipe = load_recipe(request.recipe)
     check_options(recipe, request.options)  # a flag error needs no checkpoint
     recipe = recipe.resolve(request.model)

@@ -17,7 +17,7 @@ import yaml
 from helios.catalog import load
 from ignition.capture import CaptureError, CaptureObserver, StagingError, write_catalog
 from ignition.capture.export import export_program
-from ignition.capture.stand_in import StandInSpec, stand_in_source
+from ignition.capture.stand_in import StandInProgram, StandInSpec, stand_in_inputs, stand_in_source, stand_in_state
 
 
 @pytest.fixture
@@ -108,10 +108,25 @@ def test_unwritable_out_is_a_clear_error(tmp_path, tokenizer):
         write_catalog(stand_in_source(tokenizer), blocker)
 
 
-def test_aoti_is_refused_until_supported(tmp_path, tokenizer):
-    with pytest.raises(CaptureError, match="--compile aoti is not supported yet"):
-        write_catalog(stand_in_source(tokenizer), tmp_path / "c", compile="aoti")
-    assert not (tmp_path / "c").exists()
+@pytest.mark.slow
+def test_aoti_catalog_runs_compiled_programs_with_weights_bound_at_load(tmp_path, tokenizer):
+    """--compile aoti: one compiled package per program, no weights inside, same results as eager."""
+    graphs = tuple(g for g in stand_in_source(tokenizer).graphs if g.id == "decode_b4")
+    source = stand_in_source(tokenizer, graphs)
+    catalog = load(write_catalog(source, tmp_path / "c", compile="aoti").path)
+    entry = catalog.entry("decode_b4")
+    assert catalog.manifest.compile == "aoti" and entry.compiled_file == "programs/decode_b4.aoti.pt2"
+    embed = source.weights["target"]["embed"].numpy().tobytes()
+    assert embed[:64] not in (catalog.path / entry.compiled_file).read_bytes(), "weights baked into the package"
+    inputs = stand_in_inputs(entry.descriptor)
+    compiled_state, eager_state = stand_in_state(), stand_in_state()
+    got = catalog.program("decode_b4")(**inputs, **compiled_state)
+    want = StandInProgram(0)(source.weights["target"], **inputs, **eager_state)
+    assert torch.equal(got["tokens"], want[0])
+    torch.testing.assert_close(got["logits"], want[1])
+    for name, value in eager_state.items():
+        torch.testing.assert_close(compiled_state[name], value, msg=f"{name} not updated in place like eager")
+    assert compiled_state["cache"].abs().sum() > 0
 
 
 class WritesThroughAView(torch.nn.Module):

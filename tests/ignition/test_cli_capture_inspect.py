@@ -137,7 +137,6 @@ def test_C3_capture_refuses_mixed_prefill_on_a_recipe_without_mixed_capture(tmp_
     assert_one_line_error(invoke("capture", "qwen3", "--out", tmp_path / "c", "--mixed-prefill"), "C3")
 
 
-@pytest.mark.parametrize("mode, words", [("aoti", "not supported yet"), ("fast", "none, aoti")])
-def test_capture_refuses_unsupported_compile_modes(tmp_path, mode, words):
-    assert_one_line_error(invoke("capture", "flare-tiny", "--out", tmp_path / "c", "--compile", mode), words)
+def test_capture_refuses_an_unknown_compile_mode(tmp_path):
+    assert_one_line_error(invoke("capture", "flare-tiny", "--out", tmp_path / "c", "--compile", "fast"), "none, aoti")
     assert not (tmp_path / "c").exists()
