@@ -323,3 +323,17 @@ def test_speculative_rows_need_the_graphs_proposal_source():
     dec = decoders([1.0, 1.0], survival=[{"learned": (0.9,) * 3}, {"copy": (0.9,) * 3}])
     choice = choose({s4: 4.0}, dec)
     assert [l.handle for l in choice.lanes] == [h(1)]
+
+
+def test_D5_U8_lone_cold_request_tries_its_largest_useful_extent():
+    cold = {**PREFILLS, D1: 3.0, **{spec(1, w): 3.0 + w for w in (2, 4, 8)}}
+    s = measured(cold, cold=tuple(cold))
+    h = s.admit(ask(3000, 50, sources=("learned",)))
+    plan = s.plan()
+    assert plan.graph is P4096 and plan.reason is SelectionReason.DISCOVERY  # 3000 tokens: the most work
+    s.commit(plan, 1)
+    from helios.scheduler import CompletionRecord, ExecutionTiming
+
+    s.complete(1, [CompletionRecord(h, prompt_consumed=3000, tokens=(1,))], ExecutionTiming(30 * MS, 30 * MS))
+    plan = s.plan()
+    assert plan.graph.width == 8 and plan.reason is SelectionReason.DISCOVERY  # widest expected output
