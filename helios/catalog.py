@@ -446,9 +446,20 @@ def _read_manifest(root: Path) -> Manifest:
             f"{FORMAT_VERSION}; recapture it with `ignition capture`"
         )
     try:
-        return Manifest.from_dict(raw)
+        manifest = Manifest.from_dict(raw)
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"{manifest_path}: malformed manifest ({exc})") from exc
+    _check_weight_references(manifest_path, manifest)
+    return manifest
+
+
+def _check_weight_references(manifest_path: Path, manifest: Manifest) -> None:
+    known = {w.name for w in manifest.weights}
+    for program in manifest.programs:
+        for arg in program.inputs:
+            if arg.weights is not None and arg.weights not in known:
+                raise CatalogError(f"{manifest_path}: program {program.id} input {arg.name!r} takes weight set "
+                                   f"{arg.weights!r}, but the catalog has only {sorted(known)}")
 
 
 def _check_versions(root: Path, manifest: Manifest) -> None:

@@ -121,6 +121,14 @@ def test_malformed_manifest_is_refused(catalog_dir):
         load(catalog_dir)
 
 
+def test_a_program_taking_an_unknown_weight_set_is_refused(catalog_dir):
+    raw = yaml.safe_load((catalog_dir / "catalog.yaml").read_text())
+    raw["programs"][1]["inputs"][0]["weights"] = "draft"
+    (catalog_dir / "catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(CatalogError, match="decode_b1 input 'weights' takes weight set 'draft'"):
+        load(catalog_dir)
+
+
 def test_programs_materialize_once_and_bind_by_name(catalog_dir):
     catalog = load(catalog_dir)
     program = catalog.program("decode_b1")
