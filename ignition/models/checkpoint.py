@@ -9,7 +9,7 @@ and the file.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,9 @@ def load_config(folder: str | Path) -> Qwen3Config:
     hf = _read_json(folder, "config.json")
     try:
         config = Qwen3Config.from_hf(hf)
-        return Qwen3Config.from_hf(hf, min(tokenizer_size(folder), config.vocab_size))
     except ModelConfigError as err:
         raise ModelLoadError(f"{folder / 'config.json'}: {err}") from None
+    return replace(config, output_vocab_size=min(tokenizer_size(folder), config.vocab_size))
 
 
 def load_checkpoint(folder: str | Path, dtype: torch.dtype | None = None) -> Checkpoint:
