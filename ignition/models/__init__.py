@@ -1,1 +1,10 @@
+"""Model code for capture (never imported by helios at run time).
 
+qwen3.py           Qwen3 config and the packed, paged forward (weights as input)
+checkpoint.py      load a local Hugging Face-format folder (ModelLoadError)
+sampling.py        in-graph sampling seeded by (seed, position, token id)
+frame.py           one packed frame: rows, forward, sampling, verification, slot-state commit
+programs.py        GraphDescriptor -> ProgramSpec (module, example args, signature)
+byte_tokenizer.py  the bundled models' byte-level tokenizer
+bundled/           the flare-tiny target and draft checkpoints (scripts/make_bundled_model.py)
+"""
