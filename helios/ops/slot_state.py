@@ -24,6 +24,8 @@ def write_slot_state(
     slots = row_slots[active].long()
     if slots.numel() and not (0 <= int(slots.min()) and int(slots.max()) < pending.shape[0]):
         raise ValueError(f"row_slots {slots.tolist()} outside 0..{pending.shape[0] - 1}")
+    if slots.unique().numel() != slots.numel():
+        raise ValueError(f"active rows share a slot ({slots.tolist()}): each slot appears in at most one active row")
     pending.index_put_((slots,), new_pending[active])
     seq_lens.index_put_((slots,), new_seq_lens[active])
 

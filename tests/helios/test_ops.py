@@ -163,3 +163,10 @@ def test_paged_attention_reads_only_the_live_context():
     v_cache[:, ~live] = float("nan")
     got = torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, garbage_table, *args)
     assert torch.equal(got, want)
+
+
+def test_active_rows_sharing_a_slot_are_rejected():
+    pending, seq_lens = torch.zeros(SLOTS, dtype=torch.int64), torch.zeros(SLOTS, dtype=torch.int32)
+    two = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="share a slot"):
+        torch.ops.flare.write_slot_state(pending, seq_lens, two, two, torch.ones(2, dtype=torch.int64), two)
