@@ -1,0 +1,217 @@
+"""What the HTTP server needs from the runtime engine, and nothing more.
+
+The server (``helios.server``) turns OpenAI-shaped HTTP requests into
+``GenerationRequest``s, hands them to an ``Engine`` and relays the
+``TextDelta``s it yields. Everything about scheduling, execution, paged KV,
+detokenization and stop strings lives behind this interface, so the server can
+be tested against a fake (``tests/server/fake_engine.py``) and the engine
+without HTTP.
+
+Contract, in the order a request lives:
+
+1. ``submit(request)`` returns an async iterator of ``TextDelta``. It may raise
+   ``RequestRejected`` (the engine cannot serve this request: a 400) or
+   ``EngineUnavailable`` (draining or overloaded: a 503) before yielding.
+2. Each delta carries newly published text and the token ids it came from.
+   The engine detokenizes incrementally and applies stop strings itself, with
+   stop buffering: text that could still turn into a stop string is held back
+   until it cannot, and the stop string itself is never delivered. The
+   server passes ``stop`` through untouched.
+3. The last delta has ``finish_reason`` set (it may carry text too); the
+   iterator ends after it. A failure inside the engine raises
+   ``GenerationFailed`` from the iterator.
+4. ``cancel(request_id)`` is how the server reports a client that went away
+   (or a stream it stopped reading). It must be cheap, idempotent, safe to
+   call after the request finished, and callable from the event loop thread;
+   the engine stops selecting the request at once and frees its resources
+   after its last submitted frame (spec A6).
+5. ``stats()`` is read by the ``/metrics`` collector on every scrape; it must
+   be cheap and thread-safe. Counters in it are cumulative since start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+
+class FinishReason(str, Enum):
+    """Why a generation ended, spelled as OpenAI's ``finish_reason``."""
+
+    STOP = "stop"  # EOS or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # the engine ended it (shutdown drain, frame failure handled as abort)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling, validated at construction.
+
+    temperature 0 means greedy. ``top_k`` None means no top-k cut; ``seed``
+    None means unseeded. A seeded request's token at each absolute position
+    must not depend on which programs or cohorts served it (issue 5).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0):
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be None (no cut) or >= 1, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One request as the engine sees it: token ids, limits, sampling, stops.
+
+    ``request_id`` is chosen by the server and is the id the client sees;
+    ``cancel`` uses it. ``endpoints`` are the prompt offsets where chat
+    messages end (spec K1 conversation anchors); empty for plain completions.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    endpoints: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("a generation request needs at least one prompt token")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        assert all(0 < e <= len(self.prompt_token_ids) for e in self.endpoints), "endpoints lie inside the prompt"
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Newly published output: text, the token ids it came from, and maybe the end."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionTotals:
+    """Cumulative executions of one (graph kind, selection category) pair (spec D9)."""
+
+    graph_kind: str  # GraphKind value: "decode", "speculative", ...
+    category: str  # SelectionReason value: ordinary | discovery | timing_refresh | acceptance_learning
+    executions: int
+    nanoseconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeTotals:
+    """Cumulative counts over complete speculative programs (one per lane and round)."""
+
+    lane_rounds: int = 0  # speculative rows executed
+    draft_tokens: int = 0  # draft positions verified (CompletionRecord.offered)
+    accepted_tokens: int = 0  # drafts the target accepted
+    emitted_tokens: int = 0  # tokens committed: accepted drafts plus bonus tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot for ``/metrics`` and ``/health``. Gauges now, counters since start."""
+
+    requests_running: int = 0  # admitted and holding a slot
+    requests_waiting: int = 0  # submitted, not yet admitted
+    kv_pages_used: int = 0
+    kv_pages_free: int = 0
+    executions: tuple[ExecutionTotals, ...] = ()
+    speculative: SpeculativeTotals = field(default_factory=SpeculativeTotals)
+    accepting: bool = True  # False while draining: /health answers 503
+
+
+class RequestRejected(Exception):
+    """The engine cannot serve this request as asked; the message says why (HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class EngineUnavailable(Exception):
+    """The engine is not admitting requests now (draining, shutting down): HTTP 503."""
+
+
+class GenerationFailed(Exception):
+    """Raised from a delta iterator when the engine failed this request (e.g. its frame raised)."""
+
+
+class ChatTemplateError(ValueError):
+    """The chat template rejected these messages (e.g. roles out of order): HTTP 400."""
+
+
+@runtime_checkable
+class EngineTokenizer(Protocol):
+    """Text <-> token ids for the server; the engine detokenizes its own output."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text``; special-token spellings in the text are recognised.
+
+        ``add_special_tokens`` adds the model's own BOS (or similar) where it has
+        one: True for raw completion prompts, False for rendered chat templates,
+        which already contain them.
+        """
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """The checkpoint's chat template rendered over ``messages`` (each has role and content).
+
+        Raises ``ChatTemplateError`` when the template refuses the messages.
+        """
+        ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """The runtime as the HTTP server uses it (see the module docstring for the contract)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def context_length(self) -> int:
+        """Most tokens one request may hold: prompt plus output."""
+        ...
+
+    @property
+    def tokenizer(self) -> EngineTokenizer: ...
+
+    async def start(self) -> None:
+        """Called once from the server's startup, inside its event loop."""
+        ...
+
+    async def stop(self) -> None:
+        """Called once at server shutdown, after the HTTP side stopped taking requests."""
+        ...
+
+    def submit(self, request: GenerationRequest) -> AsyncIterator[TextDelta]: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...

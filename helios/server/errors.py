@@ -1,0 +1,57 @@
+"""OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status.
+
+Every refusal the server makes is an ``ApiError``; the app turns it into this
+JSON. Bad input is always a 4xx whose message names the field, what was given
+and what would be accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.responses import JSONResponse
+
+INVALID_REQUEST = "invalid_request_error"
+
+
+@dataclass(eq=False)  # not frozen: the interpreter sets __traceback__ and friends on raise
+class ApiError(Exception):
+    """A refusal with the status and OpenAI error fields it should be reported with."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    type: str = INVALID_REQUEST
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, None, "invalid_api_key")
+
+
+def model_not_found(model: str, served: str) -> ApiError:
+    # OpenAI answers an unknown model with 404 model_not_found; clients map that to NotFoundError.
+    return ApiError(404, f"The model '{model}' does not exist; this server serves '{served}'.", "model", "model_not_found")
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"Request body exceeds the limit of {limit} bytes.", None, "request_too_large")
+
+
+def unavailable(message: str) -> ApiError:
+    return ApiError(503, message, None, "unavailable", "service_unavailable")
+
+
+def internal(message: str) -> ApiError:
+    return ApiError(500, message, None, "internal_error", "server_error")

@@ -1,0 +1,100 @@
+"""One engine submission as the server drives it: relay, count, and cancel if abandoned.
+
+Whatever ends the relay early (a client that disconnects, a stream the server
+stops reading, a failure) reaches ``Generation.deltas``' ``finally``, which
+cancels the request in the engine unless it already finished. That is the
+only place the server cancels, so no path can leak an engine slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from helios.engine_api import Engine, FinishReason, GenerationFailed, GenerationRequest, TextDelta
+from helios.server.metrics import DeliveryClock, ServerMetrics
+from helios.server.responses import Usage
+
+
+class ClientGone(Exception):
+    """The client disconnected before a non-streamed response was ready."""
+
+
+@dataclass(slots=True)
+class Generation:
+    """Relays one request's deltas and keeps its usage and outcome."""
+
+    engine: Engine
+    request: GenerationRequest
+    metrics: ServerMetrics
+    endpoint: str  # metric label: "completions" | "chat"
+    clock: DeliveryClock
+    completion_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    _stream: AsyncIterator[TextDelta] | None = field(default=None, repr=False)
+
+    def submit(self) -> None:
+        """Hand the request to the engine; raises RequestRejected / EngineUnavailable at once."""
+        self._stream = self.engine.submit(self.request)
+        self.metrics.prompt_tokens.inc(len(self.request.prompt_token_ids))
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(len(self.request.prompt_token_ids), self.completion_tokens)
+
+    async def deltas(self) -> AsyncIterator[TextDelta]:
+        assert self._stream is not None, "submit() before deltas()"
+        outcome = "cancelled"
+        try:
+            async for delta in self._stream:
+                self._count(delta)
+                yield delta
+                if delta.finish_reason is not None:
+                    outcome = delta.finish_reason.value
+                    break
+        except GenerationFailed:
+            outcome = "error"
+            raise
+        finally:
+            await self._close(outcome)
+
+    def _count(self, delta: TextDelta) -> None:
+        self.completion_tokens += len(delta.token_ids)
+        self.clock.delivered(len(delta.token_ids))
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+
+    async def _close(self, outcome: str) -> None:
+        if self.finish_reason is None:
+            self.engine.cancel(self.request.request_id)
+        self.metrics.finished(self.endpoint, outcome)
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def collect_text(generation: Generation, receive: Callable[[], Awaitable[dict]]) -> str:
+    """All of a generation's text, or ``ClientGone`` (after cancelling it) if the client leaves first."""
+    collector = asyncio.ensure_future(_join(generation))
+    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+    done, _ = await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if collector in done:
+        watcher.cancel()
+        return collector.result()
+    collector.cancel()
+    await asyncio.gather(collector, return_exceptions=True)  # its finally cancels the engine request
+    raise ClientGone
+
+
+async def _join(generation: Generation) -> str:
+    parts = [delta.text async for delta in generation.deltas()]
+    if generation.finish_reason is None:
+        raise GenerationFailed("the engine ended the request without a finish reason")
+    return "".join(parts)
+
+
+async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+    # Once the body is read, the server's next message for this request is its disconnect.
+    while (await receive())["type"] != "http.disconnect":
+        pass

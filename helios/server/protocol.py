@@ -1,0 +1,297 @@
+"""OpenAI request bodies: parse, validate, and turn into a ``GenerationRequest``.
+
+Two steps. ``parse_body`` checks shapes and types (strict: "0.5" is not a
+number, 1 is not a bool) and ignores fields it does not know, as
+OpenAI-compatible servers do. ``prepare_completion`` / ``prepare_chat`` check
+what needs the engine: the model name, the tokenized prompt against the
+context length, and the defaults that depend on them.
+
+Choices made where OpenAI leaves room (docs/http-api.md lists them):
+``top_k`` absent, null or -1 means no cut (-1 is vLLM's spelling), 0 and
+values below -1 are refused; ``max_tokens`` defaults to 16 for completions
+(OpenAI's default) and to the rest of the context for chat; ``n`` must be 1;
+fields that would change the output in ways the engine cannot honour
+(logprobs, echo, suffix, penalties, logit_bias, tools) are refused rather
+than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from helios.engine_api import ChatTemplateError, EngineTokenizer, GenerationRequest, SamplingParams
+from helios.server.errors import ApiError, bad_request, model_not_found
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+SEED_RANGE = (-(2**63), 2**64 - 1)
+MAX_ENDPOINTS = 8  # message boundaries reported per chat request (the latest ones)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _GenerationBody(_Body):
+    """Fields both endpoints share."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    n: int | None = None
+    stop: Any = ()  # normalised to a tuple of strings by _stop
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value: Any) -> tuple[str, ...]:
+        stops = (value,) if isinstance(value, str) else value
+        if stops is None:
+            return ()
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise ValueError("must be a string or a list of strings")
+        if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, each non-empty")
+        return tuple(stops)
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ValueError(f"must be -1 or null (no top-k cut) or an integer >= 1, got {value}")
+        return None if value == -1 else value
+
+
+class CompletionBody(_GenerationBody):
+    prompt: Any = Field(...)
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, value: Any) -> str | tuple[int, ...]:
+        # A one-element batch is accepted as that prompt; several prompts are not supported.
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+            value = value[0]
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("must not be empty")
+            return value
+        if isinstance(value, list) and value and all(type(t) is int for t in value):
+            return tuple(value)
+        if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
+            raise ValueError("one prompt per request is supported; send the prompts as separate requests")
+        raise ValueError("must be a non-empty string or a non-empty list of token ids")
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Any = None
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> str:
+        if value is None or isinstance(value, str):
+            return value or ""
+        if isinstance(value, list):
+            return "".join(_text_part(part) for part in value)
+        raise ValueError("must be a string or a list of text parts")
+
+
+def _text_part(part: Any) -> str:
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return part["text"]
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    raise ValueError(f"only text content parts are supported, got {kind!r}")
+
+
+class ChatBody(_GenerationBody):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+
+
+BodyT = TypeVar("BodyT", bound=_Body)
+
+
+def parse_body(raw: bytes, model: type[BodyT]) -> BodyT:
+    """JSON bytes -> a validated body, or a 400 naming the first thing wrong."""
+    try:
+        data = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request(f"The request body must be a JSON object, got {type(data).__name__}.", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _validation_error(exc: ValidationError) -> ApiError:
+    first = exc.errors(include_url=False)[0]
+    param = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "missing":
+        return bad_request(f"Missing required field '{param}'.", param, "missing_field")
+    message = first["msg"].removeprefix("Value error, ")
+    return bad_request(f"Invalid '{param}': {message} (got {_shown(first.get('input'))}).", param, "invalid_value")
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, BaseModel) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A validated request: what to ask the engine, and how to answer the client."""
+
+    generation: GenerationRequest
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """What validation needs from the engine."""
+
+    model_name: str
+    context_length: int
+    tokenizer: EngineTokenizer
+
+
+def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
+    _check_common(body, limits)
+    _refuse_if(body.logprobs is not None, "logprobs", "logprobs are not supported by this server")
+    _refuse_if(bool(body.echo), "echo", "echo is not supported by this server")
+    _refuse_if(body.suffix is not None, "suffix", "suffix is not supported by this server")
+    _refuse_if(body.best_of not in (None, 1), "best_of", "best_of must be 1 (one choice per request)")
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        ids = tuple(limits.tokenizer.encode(prompt, add_special_tokens=True))
+    else:
+        ids = _checked_token_ids(prompt, limits.tokenizer.vocab_size)
+    _check_prompt_fits(len(ids), "prompt", limits)
+    max_tokens = _max_tokens(body.max_tokens, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, len(ids), limits.context_length)
+    return _prepared(body, request_id, ids, max_tokens, ())
+
+
+def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
+    _check_common(body, limits)
+    _refuse_if(bool(body.logprobs) or body.top_logprobs is not None, "logprobs", "logprobs are not supported by this server")
+    _refuse_if(bool(body.tools), "tools", "tools are not supported by this server")
+    messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    ids = _render_chat(messages, limits.tokenizer)
+    _check_prompt_fits(len(ids), "messages", limits)
+    param, asked = ("max_completion_tokens", body.max_completion_tokens)
+    if asked is None:
+        param, asked = ("max_tokens", body.max_tokens)
+    max_tokens = _max_tokens(asked, param, limits.context_length - len(ids), len(ids), limits.context_length)
+    return _prepared(body, request_id, ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer))
+
+
+def _check_common(body: _GenerationBody, limits: ModelLimits) -> None:
+    if body.model != limits.model_name:
+        raise model_not_found(body.model, limits.model_name)
+    _refuse_if(body.n not in (None, 1), "n", f"n must be 1: this server generates one choice per request (got {body.n})")
+    _refuse_if(body.stream_options is not None and not body.stream, "stream_options", "stream_options is only allowed when stream is true")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _refuse_if(getattr(body, name) not in (None, 0.0), name, f"{name} is not supported by this server (only 0)")
+    _refuse_if(bool(body.logit_bias), "logit_bias", "logit_bias is not supported by this server")
+
+
+def _refuse_if(condition: bool, param: str, message: str) -> None:
+    if condition:
+        raise bad_request(message[0].upper() + message[1:] + ".", param, "unsupported_parameter")
+
+
+def _checked_token_ids(ids: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"Invalid 'prompt': token id {bad} is outside the vocabulary [0, {vocab_size}).", "prompt", "invalid_value")
+    return ids
+
+
+def _render_chat(messages: list[dict[str, str]], tokenizer: EngineTokenizer) -> tuple[int, ...]:
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise bad_request(f"Invalid 'messages': {exc}", "messages", "invalid_value") from None
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _message_endpoints(messages: list[dict[str, str]], ids: tuple[int, ...], tokenizer: EngineTokenizer) -> tuple[int, ...]:
+    """Prompt offsets where each message ends (spec K1 anchors), where the template makes them exact.
+
+    A message's end is exact when the template rendered over the messages up
+    to it tokenizes to a prefix of the full prompt; templates that rewrite
+    earlier text when later messages arrive give fewer endpoints, never wrong ones.
+    Only the last ``MAX_ENDPOINTS`` messages are tried: each try renders and
+    tokenizes a prefix, and the scheduler weighs the latest anchors first.
+    """
+    endpoints: list[int] = []
+    for count in range(max(1, len(messages) - MAX_ENDPOINTS), len(messages)):
+        try:
+            head = tokenizer.encode(tokenizer.apply_chat_template(messages[:count], add_generation_prompt=False), add_special_tokens=False)
+        except ChatTemplateError:
+            continue  # e.g. a template that refuses a conversation ending on a system message
+        if 0 < len(head) < len(ids) and tuple(head) == ids[: len(head)] and (not endpoints or len(head) > endpoints[-1]):
+            endpoints.append(len(head))
+    return tuple(endpoints)
+
+
+def _check_prompt_fits(prompt_tokens: int, param: str, limits: ModelLimits) -> None:
+    if prompt_tokens >= limits.context_length:
+        raise bad_request(
+            f"The prompt is {prompt_tokens} tokens, but this model's context length is {limits.context_length} "
+            f"tokens, and prompt plus at least one output token must fit.", param, "context_length_exceeded")
+
+
+def _max_tokens(asked: int | None, param: str, default: int, prompt_tokens: int, context: int) -> int:
+    if asked is None:
+        return min(default, context - prompt_tokens)
+    if asked < 1:
+        raise bad_request(f"Invalid '{param}': must be at least 1, got {asked}.", param, "invalid_value")
+    if prompt_tokens + asked > context:
+        raise bad_request(
+            f"This model's context length is {context} tokens; the request has {prompt_tokens} prompt tokens "
+            f"and asks for {param}={asked} ({prompt_tokens + asked} in total). Lower {param} to at most "
+            f"{context - prompt_tokens} or shorten the prompt.", param, "context_length_exceeded")
+    return asked
+
+
+def _prepared(body: _GenerationBody, request_id: str, ids: tuple[int, ...], max_tokens: int, endpoints: tuple[int, ...]) -> PreparedRequest:
+    sampling = SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+    )
+    generation = GenerationRequest(request_id, ids, max_tokens, sampling, body.stop, endpoints)
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    return PreparedRequest(generation, bool(body.stream), include_usage)

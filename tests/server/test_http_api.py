@@ -1,0 +1,536 @@
+"""The HTTP layer over a fake engine: real uvicorn on loopback, real clients (httpx, openai).
+
+The fake echoes the prompt's bytes and then EOS (see fake_engine.py), so every
+expected text below follows from the request alone.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fake_engine import EOS, FakeEngine
+from helios.engine_api import EngineStats, ExecutionTotals, FinishReason, SpeculativeTotals
+from helios.server.app import ServerConfig, create_app
+from helios.server.chat_template import ChatTemplate
+from helios.server.serve import uvicorn_server
+from helios.engine_api import ChatTemplateError
+
+CONTEXT = 128
+BODY_LIMIT = 16 * 1024
+API_KEY = "sekret-key"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Running:
+    url: str
+    engine: FakeEngine
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=10.0, **kwargs)
+
+    def openai(self, api_key: str = "unused") -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=10.0)
+
+
+def _serve(engine: FakeEngine, config: ServerConfig) -> Iterator[Running]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn_server(create_app(engine, config), log_level="warning", graceful_s=1.0)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    yield Running(f"http://127.0.0.1:{sock.getsockname()[1]}", engine)
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Running]:
+    yield from _serve(FakeEngine(context_length=CONTEXT), ServerConfig(max_body_bytes=BODY_LIMIT))
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[Running]:
+    yield from _serve(FakeEngine(context_length=CONTEXT), ServerConfig(api_key=API_KEY))
+
+
+@pytest.fixture()
+def slow() -> Iterator[Running]:
+    """A server whose engine spends 20 ms per token, so a client can leave mid-generation."""
+    yield from _serve(FakeEngine(context_length=4096, token_delay_s=0.02), ServerConfig())
+
+
+def _chat(content: str, **extra) -> dict:
+    return {"model": "fake-model", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def _completion(prompt, **extra) -> dict:
+    return {"model": "fake-model", "prompt": prompt, **extra}
+
+
+def _sse_events(response: httpx.Response) -> list[str]:
+    return [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def _wait_until(condition, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+# ---------------------------------------------------------------- non-streamed responses
+
+
+def test_completion_returns_whole_text_with_usage(served):
+    with served.client() as client:
+        body = client.post("/v1/completions", json=_completion("hello", max_tokens=16)).json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["model"] == "fake-model" and isinstance(body["created"], int)
+    assert body["choices"] == [{"index": 0, "text": "hello", "logprobs": None, "finish_reason": "stop"}]
+    # five echoed bytes plus the EOS token
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+
+
+def test_completion_max_tokens_cuts_with_length(served):
+    with served.client() as client:
+        body = client.post("/v1/completions", json=_completion("hello", max_tokens=3)).json()
+    assert body["choices"][0]["text"] == "hel" and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 3
+
+
+def test_completion_default_max_tokens_is_16(served):
+    with served.client() as client:
+        body = client.post("/v1/completions", json=_completion("abcdefghijklmnopqrstuvwxyz")).json()
+    assert body["choices"][0]["text"] == "abcdefghijklmnop"
+    assert served.engine.submitted[-1].max_tokens == 16
+
+
+def test_completion_accepts_token_ids_and_single_item_batches(served):
+    with served.client() as client:
+        by_ids = client.post("/v1/completions", json=_completion([104, 105])).json()
+        batch = client.post("/v1/completions", json=_completion(["yo"])).json()
+    assert by_ids["choices"][0]["text"] == "hi"
+    assert batch["choices"][0]["text"] == "yo"
+
+
+def test_chat_renders_the_template_and_answers_as_assistant(served):
+    with served.client() as client:
+        body = client.post("/v1/chat/completions", json=_chat("hi")).json()
+    prompt = "[user] hi\n[assistant] "
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": prompt}, "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(prompt) + 1, "total_tokens": 2 * len(prompt) + 1}
+    # chat's default max_tokens is the rest of the context
+    assert served.engine.submitted[-1].max_tokens == CONTEXT - len(prompt)
+
+
+def test_K1_chat_request_carries_message_endpoints(served):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yo"}, {"role": "user", "content": "ok"}]
+    with served.client() as client:
+        client.post("/v1/chat/completions", json={"model": "fake-model", "messages": messages, "max_tokens": 1})
+    lines = ["[system] be brief\n", "[user] hi\n", "[assistant] yo\n"]
+    expected = tuple(sum(len(line) for line in lines[: i + 1]) for i in range(3))
+    assert served.engine.submitted[-1].endpoints == expected
+
+
+def test_chat_text_content_parts_are_joined(served):
+    content = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    with served.client() as client:
+        body = client.post("/v1/chat/completions", json=_chat(content)).json()
+    assert body["choices"][0]["message"]["content"] == "[user] ab\n[assistant] "
+
+
+def test_sampling_fields_and_stop_pass_through_to_the_engine(served):
+    with served.client() as client:
+        body = client.post("/v1/completions", json=_completion(
+            "hello world", temperature=0.5, top_p=0.9, top_k=5, seed=7, stop=["o w", "zz"], max_tokens=20)).json()
+    sent = served.engine.submitted[-1]
+    assert (sent.sampling.temperature, sent.sampling.top_p, sent.sampling.top_k, sent.sampling.seed) == (0.5, 0.9, 5, 7)
+    assert sent.stop == ("o w", "zz") and sent.max_tokens == 20
+    assert body["choices"][0]["text"] == "hell" and body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_top_k_minus_one_and_nulls_mean_defaults(served):
+    with served.client() as client:
+        client.post("/v1/completions", json=_completion("x", top_k=-1, temperature=None, top_p=None, stop=None))
+    sampling = served.engine.submitted[-1].sampling
+    assert (sampling.top_k, sampling.temperature, sampling.top_p, served.engine.submitted[-1].stop) == (None, 1.0, 1.0, ())
+
+
+def test_unknown_fields_are_ignored(served):
+    with served.client() as client:
+        response = client.post("/v1/completions", json=_completion("hi", user="someone", frobnicate={"x": 1}))
+    assert response.status_code == 200 and response.json()["choices"][0]["text"] == "hi"
+
+
+def test_openai_client_non_stream(served):
+    client = served.openai()
+    completion = client.completions.create(model="fake-model", prompt="abc", max_tokens=10)
+    chat = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "yo"}])
+    assert completion.choices[0].text == "abc" and completion.usage.completion_tokens == 4
+    assert chat.choices[0].message.content == "[user] yo\n[assistant] " and chat.choices[0].finish_reason == "stop"
+
+
+def test_models_lists_the_served_model(served):
+    models = served.openai().models.list()
+    assert [m.id for m in models.data] == ["fake-model"]
+    with served.client() as client:
+        card = client.get("/v1/models/fake-model").json()
+        missing = client.get("/v1/models/other")
+    assert card["max_model_len"] == CONTEXT and card["object"] == "model"
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_health_and_lifespan(served):
+    with served.client() as client:
+        assert client.get("/health").json() == {"status": "ok"}
+    assert served.engine.started
+
+
+# ---------------------------------------------------------------- streams
+
+
+def test_completion_stream_sse_framing(served):
+    with served.client() as client, client.stream("POST", "/v1/completions", json=_completion("abc", stream=True)) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = _sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "abc"
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "stop"]
+    assert all("usage" not in c for c in chunks)
+
+
+def test_chat_stream_without_usage(served):
+    stream = served.openai().chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "[user] hi\n[assistant] "
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert all(c.usage is None for c in chunks) and all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_chat_stream_include_usage_ends_with_usage_chunk(served):
+    stream = served.openai().chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=4,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    prompt_tokens = len("[user] hi\n[assistant] ")
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == prompt_tokens
+    assert chunks[-1].usage.completion_tokens == 4 and chunks[-1].usage.total_tokens == prompt_tokens + 4
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == "[use"
+
+
+def test_completion_stream_include_usage_raw(served):
+    body = _completion("hey", stream=True, stream_options={"include_usage": True})
+    with served.client() as client, client.stream("POST", "/v1/completions", json=body) as response:
+        events = _sse_events(response)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert events[-1] == "[DONE]"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+def test_openai_client_completion_stream(served):
+    chunks = list(served.openai().completions.create(model="fake-model", prompt="xyz", stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "xyz"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+# ---------------------------------------------------------------- bad requests
+
+OK_CHAT = _chat("hi")
+OK_COMPLETION = _completion("hi")
+LONG = "x" * 200  # 200 tokens against a 128-token context
+
+BAD_REQUESTS = [
+    # (route, body (dict or raw bytes), status, param)
+    ("/v1/completions", b"{not json", 400, None),
+    ("/v1/chat/completions", b"[1, 2]", 400, None),
+    ("/v1/completions", b'{"model": "fake-model", "prompt": "hi", "temperature": NaN}', 400, None),
+    ("/v1/completions", OK_COMPLETION | {"temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", OK_COMPLETION | {"max_tokens": 1.5}, 400, "max_tokens"),
+    ("/v1/completions", OK_COMPLETION | {"max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/completions", OK_COMPLETION | {"stream": "yes"}, 400, "stream"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": 42}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": [104, 999]}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"stop": 5}, 400, "stop"),
+    ("/v1/completions", OK_COMPLETION | {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("/v1/completions", {"model": "fake-model"}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi"}, 400, "model"),
+    ("/v1/chat/completions", {"model": "fake-model"}, 400, "messages"),
+    ("/v1/chat/completions", OK_CHAT | {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", OK_CHAT | {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", OK_CHAT | {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
+    ("/v1/chat/completions", OK_CHAT | {"messages": [{"role": "user", "content": 3}]}, 400, "messages.0.content"),
+    ("/v1/chat/completions", OK_CHAT | {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages.0.content"),
+    ("/v1/chat/completions", OK_CHAT | {"model": "gpt-4"}, 404, "model"),
+    ("/v1/completions", OK_COMPLETION | {"model": "gpt-4"}, 404, "model"),
+    ("/v1/completions", OK_COMPLETION | {"max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", OK_COMPLETION | {"max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", OK_COMPLETION | {"max_tokens": 10**9}, 400, "max_tokens"),
+    ("/v1/chat/completions", OK_CHAT | {"max_tokens": 10**9}, 400, "max_tokens"),
+    ("/v1/chat/completions", OK_CHAT | {"max_completion_tokens": 10**9}, 400, "max_completion_tokens"),
+    ("/v1/chat/completions", OK_CHAT | {"temperature": -0.1}, 400, "temperature"),
+    ("/v1/chat/completions", OK_CHAT | {"temperature": 2.5}, 400, "temperature"),
+    ("/v1/chat/completions", OK_CHAT | {"top_p": 0}, 400, "top_p"),
+    ("/v1/chat/completions", OK_CHAT | {"top_p": 1.5}, 400, "top_p"),
+    ("/v1/chat/completions", OK_CHAT | {"top_k": 0}, 400, "top_k"),
+    ("/v1/chat/completions", OK_CHAT | {"top_k": -2}, 400, "top_k"),
+    ("/v1/chat/completions", OK_CHAT | {"n": 2}, 400, "n"),
+    ("/v1/chat/completions", OK_CHAT | {"stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("/v1/chat/completions", OK_CHAT | {"logprobs": True}, 400, "logprobs"),
+    ("/v1/completions", OK_COMPLETION | {"echo": True}, 400, "echo"),
+    ("/v1/completions", OK_COMPLETION | {"presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("/v1/completions", OK_COMPLETION | {"seed": 2**70}, 400, "seed"),
+    ("/v1/completions", _completion(LONG), 400, "prompt"),
+    ("/v1/chat/completions", _chat(LONG), 400, "messages"),
+    ("/v1/completions", _completion("!reject me"), 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "status", "param"), BAD_REQUESTS, ids=[f"{r[0][4:]}-{i}" for i, r in enumerate(BAD_REQUESTS)])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_bad_request_gets_4xx_in_openai_error_shape(served, route, body, status, param, stream):
+    if stream and isinstance(body, dict) and "stream" not in body and "stream_options" not in body:
+        body = body | {"stream": True}
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with served.client() as client:
+        response = client.post(route, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+
+
+def test_prompt_longer_than_context_says_the_numbers(served):
+    with served.client() as client:
+        too_long = client.post("/v1/completions", json=_completion(LONG)).json()["error"]["message"]
+        too_much = client.post("/v1/completions", json=_completion("x" * 100, max_tokens=50)).json()["error"]["message"]
+    assert "200" in too_long and str(CONTEXT) in too_long
+    assert all(n in too_much for n in ("100", "50", "150", str(CONTEXT), "28"))
+
+
+def test_oversized_body_gets_413(served):
+    body = _completion("a" * (BODY_LIMIT + 10))
+    with served.client() as client:
+        declared = client.post("/v1/completions", json=body)
+        chunked = client.post("/v1/completions", content=iter([json.dumps(body).encode()]))  # no content-length
+    for response in (declared, chunked):
+        assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+
+def test_openai_client_sees_bad_request_and_not_found(served):
+    client = served.openai()
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}], temperature=3)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="hi")
+    assert bad.value.body["param"] == "temperature"
+
+
+def test_unknown_route_and_method_use_the_error_shape(served):
+    with served.client() as client:
+        missing = client.get("/v1/nothing")
+        wrong_method = client.get("/v1/completions")
+    assert missing.status_code == 404 and "message" in missing.json()["error"]
+    assert wrong_method.status_code == 405 and "message" in wrong_method.json()["error"]
+
+
+# ---------------------------------------------------------------- engine failures
+
+
+def test_engine_failure_is_a_500_or_an_error_event(served):
+    with served.client() as client:
+        whole = client.post("/v1/completions", json=_completion("!fail now"))
+        with client.stream("POST", "/v1/completions", json=_completion("!fail now", stream=True)) as response:
+            events = _sse_events(response)
+    assert whole.status_code == 500 and whole.json()["error"]["type"] == "server_error"
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "internal_error"
+
+
+def test_draining_engine_gives_503_and_unhealthy(served):
+    served.engine.accepting = False
+    try:
+        with served.client() as client:
+            response = client.post("/v1/completions", json=OK_COMPLETION)
+            health = client.get("/health")
+    finally:
+        served.engine.accepting = True
+    assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+    assert health.status_code == 503
+
+
+# ---------------------------------------------------------------- auth
+
+
+def test_api_key_required_everywhere_but_health(keyed):
+    good = {"Authorization": f"Bearer {API_KEY}"}
+    with keyed.client() as client:
+        assert client.get("/health").status_code == 200
+        for path in ("/v1/models", "/metrics", "/v1/nothing"):
+            assert client.get(path).status_code == 401
+        missing = client.post("/v1/completions", json=OK_COMPLETION)
+        wrong = client.post("/v1/completions", json=OK_COMPLETION, headers={"Authorization": "Bearer nope"})
+        right = client.post("/v1/completions", json=OK_COMPLETION, headers=good)
+        assert client.get("/metrics", headers=good).status_code == 200
+    for response in (missing, wrong):
+        assert response.status_code == 401
+        assert response.json()["error"]["type"] == "invalid_request_error" and response.json()["error"]["code"] == "invalid_api_key"
+    assert right.status_code == 200 and right.json()["choices"][0]["text"] == "hi"
+
+
+def test_openai_client_with_and_without_the_key(keyed):
+    assert keyed.openai(API_KEY).completions.create(model="fake-model", prompt="ok").choices[0].text == "ok"
+    with pytest.raises(openai.AuthenticationError):
+        keyed.openai("wrong").models.list()
+
+
+# ---------------------------------------------------------------- disconnects
+
+
+def test_stream_disconnect_cancels_the_engine_request(slow):
+    prompt = "z" * 300  # 300 tokens at 20 ms each: far longer than the client stays
+    with slow.client() as client, client.stream("POST", "/v1/completions", json=_completion(prompt, stream=True, max_tokens=300)) as response:
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+    request_id = json.loads(first.removeprefix("data: "))["id"]
+    _wait_until(lambda: request_id in slow.engine.cancelled, "the engine to see the cancellation")
+    _wait_until(lambda: slow.engine.stats().requests_running == 0, "the request to leave the engine")
+
+
+def test_non_stream_disconnect_cancels_the_engine_request(slow):
+    with slow.client() as client, pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/completions", json=_completion("q" * 300, max_tokens=300), timeout=0.3)
+    _wait_until(lambda: len(slow.engine.cancelled) == 1, "the engine to see the cancellation")
+    assert slow.engine.cancelled == [slow.engine.submitted[-1].request_id]
+
+
+def test_finished_requests_are_not_cancelled(served):
+    before = len(served.engine.cancelled)
+    with served.client() as client:
+        client.post("/v1/completions", json=_completion("done", max_tokens=2))
+        with client.stream("POST", "/v1/chat/completions", json=_chat("ok", stream=True)) as response:
+            _sse_events(response)
+    assert len(served.engine.cancelled) == before
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def _scrape(running: Running) -> dict:
+    with running.client() as client:
+        response = client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    return {family.name: family for family in text_string_to_metric_families(response.text)}
+
+
+def _value(families: dict, name: str, sample: str, **labels) -> float:
+    matches = [s.value for s in families[name].samples if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())]
+    return sum(matches)
+
+
+def test_D9_metrics_expose_engine_stats_by_graph_kind_and_category(served):
+    served.engine.base_stats = EngineStats(
+        requests_waiting=3, kv_pages_used=40, kv_pages_free=24,
+        executions=(ExecutionTotals("decode", "ordinary", 7, 7_000), ExecutionTotals("decode", "timing_refresh", 1, 900),
+                    ExecutionTotals("prefill", "discovery", 2, 5_000)),
+        speculative=SpeculativeTotals(lane_rounds=5, draft_tokens=15, accepted_tokens=9, emitted_tokens=14))
+    try:
+        families = _scrape(served)
+    finally:
+        served.engine.base_stats = EngineStats()
+    execs, nanos = "flare_scheduler_executions", "flare_scheduler_execution_nanoseconds"
+    assert _value(families, execs, execs + "_total", graph_kind="decode", category="ordinary") == 7
+    assert _value(families, nanos, nanos + "_total", graph_kind="decode", category="timing_refresh") == 900
+    assert _value(families, nanos, nanos + "_total", graph_kind="prefill", category="discovery") == 5_000
+    for kind in ("decode", "prefill"):
+        categories = {s.labels["category"] for s in families[execs].samples if s.labels["graph_kind"] == kind and s.name.endswith("_total")}
+        assert categories == {"ordinary", "discovery", "timing_refresh", "acceptance_learning"}
+    assert _value(families, "flare_requests_waiting", "flare_requests_waiting") == 3
+    assert _value(families, "flare_kv_pages_used", "flare_kv_pages_used") == 40
+    assert _value(families, "flare_kv_pages_free", "flare_kv_pages_free") == 24
+    assert _value(families, "flare_speculative_accepted_tokens", "flare_speculative_accepted_tokens_total") == 9
+    assert _value(families, "flare_speculative_draft_tokens", "flare_speculative_draft_tokens_total") == 15
+    assert families["flare_requests_running"].type == "gauge"
+
+
+def test_metrics_count_requests_tokens_and_latencies(served):
+    before = _scrape(served)
+    with served.client() as client:
+        client.post("/v1/completions", json=_completion("hello", max_tokens=2))  # length, 5 prompt, 2 generated
+        client.post("/v1/completions", json=_completion("hi"))  # stop, 2 prompt, 3 generated (with EOS)
+        client.post("/v1/completions", json=_completion("hi", top_p=7))  # rejected
+    after = _scrape(served)
+
+    def delta(name, sample, **labels):
+        return _value(after, name, sample, **labels) - _value(before, name, sample, **labels)
+
+    assert delta("flare_requests", "flare_requests_total", endpoint="completions", outcome="length") == 1
+    assert delta("flare_requests", "flare_requests_total", endpoint="completions", outcome="stop") == 1
+    assert delta("flare_requests", "flare_requests_total", endpoint="completions", outcome="rejected") == 1
+    assert delta("flare_prompt_tokens", "flare_prompt_tokens_total") == 7
+    assert delta("flare_generation_tokens", "flare_generation_tokens_total") == 5
+    assert delta("flare_time_to_first_token_seconds", "flare_time_to_first_token_seconds_count") == 2
+    # gaps between deliveries: one fewer than the tokens of each request
+    assert delta("flare_inter_token_seconds", "flare_inter_token_seconds_count") == (2 - 1) + (3 - 1)
+    assert after["flare_time_to_first_token_seconds"].type == "histogram"
+
+
+def test_cancelled_stream_is_counted_as_cancelled(slow):
+    with slow.client() as client, client.stream("POST", "/v1/completions", json=_completion("w" * 200, stream=True, max_tokens=200)) as response:
+        next(line for line in response.iter_lines() if line.startswith("data: "))
+    _wait_until(lambda: len(slow.engine.cancelled) == 1, "the cancellation")
+    _wait_until(lambda: _value(_scrape(slow), "flare_requests", "flare_requests_total", outcome="cancelled") == 1, "the cancelled count")
+
+
+# ---------------------------------------------------------------- chat templates
+
+
+def test_bundled_checkpoint_chat_template_renders_with_jinja():
+    config = REPO / "ignition/models/bundled/flare-tiny/target/tokenizer_config.json"
+    template = ChatTemplate.from_tokenizer_config(config)
+    text = template.render([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert template.eos_token == "<|im_end|>"
+
+
+def test_template_raise_exception_becomes_chat_template_error():
+    template = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}ok")
+    assert template.render([{"role": "user", "content": "x"}]) == "ok"
+    with pytest.raises(ChatTemplateError, match="first message must be from the user"):
+        template.render([{"role": "assistant", "content": "x"}])
+
+
+def test_fake_engine_byte_rules():
+    """The fake's own rules that the expectations above rely on."""
+    from fake_engine import planned_output
+
+    assert planned_output(b"hello", 16, ()) == (b"hello", FinishReason.STOP)
+    assert planned_output(b"hello", 5, ()) == (b"hello", FinishReason.LENGTH)  # no room left for EOS
+    assert planned_output(b"hello", 16, ("ll",)) == (b"he", FinishReason.STOP)
+    assert EOS == 256
