@@ -307,7 +307,9 @@ class CatalogProgram:
     Mutated inputs (caches, pending tokens, lengths) are updated in place.
     """
 
-    def __init__(self, entry: ProgramEntry, module: Callable[..., Any], weights: Mapping[str, Mapping[str, torch.Tensor]]):
+    def __init__(
+        self, entry: ProgramEntry, module: Callable[..., Any], weights: Mapping[str, Mapping[str, torch.Tensor]]
+    ):
         self.entry = entry
         self.module = module
         self._weights = weights

@@ -60,7 +60,8 @@ def capture(request: CaptureRequest, observer: CaptureObserver | None = None) ->
 def preflight(request: CaptureRequest) -> tuple[Recipe, CapacityPlan]:
     """Every cheap check, before any output: bad input fails fast with one line."""
     if request.compile == "aoti" and not (shutil.which("c++") or shutil.which("g++")):
-        raise CaptureError("--compile aoti needs a C++ compiler (c++ or g++) on PATH; install one or use --compile none")
+        raise CaptureError("--compile aoti needs a C++ compiler (c++ or g++) on PATH; "
+                           "install one or use --compile none")
     recipe = load_recipe(request.recipe)
     check_options(recipe, request.options)  # a flag error needs no checkpoint
     recipe = recipe.resolve(request.model)

@@ -99,7 +99,9 @@ STAND_IN_GRAPHS = (
 )
 
 
-def stand_in_source(tokenizer_file, graphs: tuple[GraphDescriptor, ...] = STAND_IN_GRAPHS, seed: int = 0) -> CaptureSource:
+def stand_in_source(
+    tokenizer_file, graphs: tuple[GraphDescriptor, ...] = STAND_IN_GRAPHS, seed: int = 0
+) -> CaptureSource:
     weights = stand_in_weights(seed)
     return CaptureSource(
         recipe={"name": "stand-in", "request_slots": SLOTS},
@@ -107,7 +109,9 @@ def stand_in_source(tokenizer_file, graphs: tuple[GraphDescriptor, ...] = STAND_
         tokenizer_reference="stand-in/tokenizer.json",
         tokenizer_files=(tokenizer_file,),
         device={"kind": "cpu", "dtype": "float32"},
-        envelope=Envelope(request_slots=SLOTS, prefill_chunk=8, draft_depth=0, speculative_token_capacity=0, mixed=False),
+        envelope=Envelope(
+            request_slots=SLOTS, prefill_chunk=8, draft_depth=0, speculative_token_capacity=0, mixed=False
+        ),
         layout={"request_slots": SLOTS, "context": CONTEXT},
         weights={"target": weights},
         graphs=graphs,

@@ -154,7 +154,8 @@ def test_a_fresh_process_loads_and_runs_without_importing_ignition(catalog_dir):
         from helios.catalog import load
         catalog = load({str(catalog_dir)!r})
         state = catalog.state.allocate()
-        out = catalog.program("prefill_p8")(prompt_tokens=torch.arange(8), row_slots=torch.tensor([1], dtype=torch.int32), **state)
+        slots = torch.tensor([1], dtype=torch.int32)
+        out = catalog.program("prefill_p8")(prompt_tokens=torch.arange(8), row_slots=slots, **state)
         assert int(state["seq_lens"][1]) == 8, state["seq_lens"]
         assert not [m for m in sys.modules if m.startswith("ignition")], "runtime imported ignition"
         print("ok", out["tokens"].tolist())

@@ -162,9 +162,10 @@ results = {}
 for program_id, frame in frames["frames"].items():
     state = {name: t.clone() for name, t in frames["state"].items()}
     outputs = catalog.program(program_id)(**frame, **state)
+    written = {n: frames["state"][n] != state[n] for n in ("k_cache", "v_cache")}
     results[program_id] = {"outputs": outputs, "writes": {n: state[n] for n in ("pending", "seq_lens")},
-                           "cache": {n: state[n][frames["state"][n] != state[n]] for n in ("k_cache", "v_cache")},
-                           "cache_where": {n: (frames["state"][n] != state[n]).nonzero() for n in ("k_cache", "v_cache")}}
+                           "cache": {n: state[n][w] for n, w in written.items()},
+                           "cache_where": {n: w.nonzero() for n, w in written.items()}}
 assert not [m for m in sys.modules if m.startswith("ignition")], "the runtime imported ignition"
 torch.save(results, results_file)
 """
@@ -204,7 +205,8 @@ def _frame(entry, state_spec, seq_lens, gen) -> dict[str, torch.Tensor]:
     pages = layout["max_pages_per_slot"]
     vocab = 259
     frame = {
-        "page_table": torch.arange(layout["request_slots"] * pages, dtype=torch.int32).view(-1, pages).flip(0).contiguous(),
+        # slots own pages in reverse order: addresses differ from slot-major positions
+        "page_table": torch.arange(layout["request_slots"] * pages, dtype=torch.int32).view(-1, pages).flip(0),
         "row_slots": slots,
         "query_lens": torch.tensor(lens, dtype=torch.int32),
         "temperature": torch.tensor([0.0, 0.8, 0.0, 1.1][: d.batch_capacity]),
