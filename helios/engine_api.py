@@ -9,9 +9,11 @@ without HTTP.
 
 Contract, in the order a request lives:
 
-1. ``submit(request)`` returns an async iterator of ``TextDelta``. It may raise
-   ``RequestRejected`` (the engine cannot serve this request: a 400) or
-   ``EngineUnavailable`` (draining or overloaded: a 503) before yielding.
+1. ``submit(request)`` is a plain method: it accepts or refuses at once,
+   raising ``RequestRejected`` (the engine cannot serve this request: a 400)
+   or ``EngineUnavailable`` (draining or overloaded: a 503), and otherwise
+   returns an async iterator of ``TextDelta``. Refusing at once is what lets
+   a refused stream still get an HTTP error status instead of a 200.
 2. Each delta carries newly published text and the token ids it came from.
    The engine detokenizes incrementally and applies stop strings itself, with
    stop buffering: text that could still turn into a stop string is held back
@@ -25,7 +27,9 @@ Contract, in the order a request lives:
    call after the request finished, and callable from the event loop thread;
    the engine stops selecting the request at once and frees its resources
    after its last submitted frame (spec A6).
-5. ``stats()`` is read by the ``/metrics`` collector on every scrape; it must
+5. ``begin_drain(grace_s)`` starts shutdown (``helios.server.serve``); see
+   its docstring.
+6. ``stats()`` is read by the ``/metrics`` collector on every scrape; it must
    be cheap and thread-safe. Counters in it are cumulative since start.
 """
 
@@ -204,6 +208,16 @@ class Engine(Protocol):
 
     async def start(self) -> None:
         """Called once from the server's startup, inside its event loop."""
+        ...
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Shutdown began (called from the event loop): refuse new submissions.
+
+        From now on ``submit`` raises ``EngineUnavailable`` and
+        ``stats().accepting`` is False. Running requests may finish for up to
+        ``grace_s`` seconds; then each remaining one gets a last delta with
+        ``FinishReason.ABORT`` and its resources are freed.
+        """
         ...
 
     async def stop(self) -> None:

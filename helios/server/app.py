@@ -191,9 +191,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: Request, exc: ApiError) -> Response:
         return exc.response()
 
-    async def http_error(_: Request, exc: HTTPException) -> Response:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         # Unknown paths and wrong methods answer in the same error shape as everything else.
-        return ApiError(exc.status_code, f"{exc.detail}", None, None).response()
+        return ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}").response()
 
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error while serving a request")

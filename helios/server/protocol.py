@@ -74,7 +74,7 @@ class _GenerationBody(_Body):
     @classmethod
     def _top_k(cls, value: int | None) -> int | None:
         if value is not None and value != -1 and value < 1:
-            raise ValueError(f"must be -1 or null (no top-k cut) or an integer >= 1, got {value}")
+            raise ValueError("must be -1 or null (no top-k cut) or an integer >= 1")
         return None if value == -1 else value
 
 
@@ -125,11 +125,18 @@ def _text_part(part: Any) -> str:
 
 
 class ChatBody(_GenerationBody):
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages(cls, value: Any) -> Any:
+        if not isinstance(value, list) or not value:
+            raise ValueError("must be a non-empty list of {role, content} messages")
+        return value
 
 
 BodyT = TypeVar("BodyT", bound=_Body)
@@ -187,10 +194,10 @@ class ModelLimits:
 
 def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
-    _refuse_if(body.logprobs is not None, "logprobs", "logprobs are not supported by this server")
-    _refuse_if(bool(body.echo), "echo", "echo is not supported by this server")
-    _refuse_if(body.suffix is not None, "suffix", "suffix is not supported by this server")
-    _refuse_if(body.best_of not in (None, 1), "best_of", "best_of must be 1 (one choice per request)")
+    _refuse_if(body.logprobs is not None, "logprobs", "log probabilities are not supported by this server")
+    _refuse_if(bool(body.echo), "echo", "echoing the prompt is not supported by this server")
+    _refuse_if(body.suffix is not None, "suffix", "suffixes (insertion) are not supported by this server")
+    _refuse_if(body.best_of not in (None, 1), "best_of", f"must be 1, this server generates one choice per request (got {body.best_of})")
     prompt = body.prompt
     if isinstance(prompt, str):
         ids = tuple(limits.tokenizer.encode(prompt, add_special_tokens=True))
@@ -203,8 +210,8 @@ def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: st
 
 def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
-    _refuse_if(bool(body.logprobs) or body.top_logprobs is not None, "logprobs", "logprobs are not supported by this server")
-    _refuse_if(bool(body.tools), "tools", "tools are not supported by this server")
+    _refuse_if(bool(body.logprobs) or body.top_logprobs is not None, "logprobs", "log probabilities are not supported by this server")
+    _refuse_if(bool(body.tools), "tools", "tool calling is not supported by this server")
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
     ids = _render_chat(messages, limits.tokenizer)
     _check_prompt_fits(len(ids), "messages", limits)
@@ -218,16 +225,16 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
 def _check_common(body: _GenerationBody, limits: ModelLimits) -> None:
     if body.model != limits.model_name:
         raise model_not_found(body.model, limits.model_name)
-    _refuse_if(body.n not in (None, 1), "n", f"n must be 1: this server generates one choice per request (got {body.n})")
-    _refuse_if(body.stream_options is not None and not body.stream, "stream_options", "stream_options is only allowed when stream is true")
+    _refuse_if(body.n not in (None, 1), "n", f"must be 1, this server generates one choice per request (got {body.n})")
+    _refuse_if(body.stream_options is not None and not body.stream, "stream_options", "only allowed when stream is true")
     for name in ("presence_penalty", "frequency_penalty"):
-        _refuse_if(getattr(body, name) not in (None, 0.0), name, f"{name} is not supported by this server (only 0)")
-    _refuse_if(bool(body.logit_bias), "logit_bias", "logit_bias is not supported by this server")
+        _refuse_if(getattr(body, name) not in (None, 0.0), name, f"penalties are not supported by this server (only 0), got {getattr(body, name)}")
+    _refuse_if(bool(body.logit_bias), "logit_bias", "logit biases are not supported by this server")
 
 
 def _refuse_if(condition: bool, param: str, message: str) -> None:
     if condition:
-        raise bad_request(message[0].upper() + message[1:] + ".", param, "unsupported_parameter")
+        raise bad_request(f"Unsupported '{param}': {message}.", param, "unsupported_parameter")
 
 
 def _checked_token_ids(ids: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:

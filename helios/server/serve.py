@@ -1,25 +1,56 @@
-"""Run an app under uvicorn: what ``flare run`` and the tests call.
+"""Run an engine behind the app under uvicorn: what ``flare run`` and the tests call.
 
 Loopback by default (issue 5: listen on 127.0.0.1 unless told otherwise).
-SIGTERM/SIGINT make uvicorn stop accepting connections and wait up to
-``graceful_s`` for open ones; streams still open after that are cancelled,
-which cancels their requests in the engine. Then the lifespan stops the engine.
+
+Shutdown (SIGTERM, SIGINT, or ``server.should_exit``) drains in this order:
+1. the listener closes and the engine is told ``begin_drain(grace_s)``: it
+   refuses new work and gives running requests ``grace_s`` to finish, then
+   ends the rest with finish reason ``abort``, which their clients receive;
+2. uvicorn waits for open responses, ``DRAIN_MARGIN_S`` longer than the
+   grace so those last chunks get out, then cancels what is left (and a
+   cancelled response cancels its request);
+3. the lifespan calls ``engine.stop()``.
 """
 
 from __future__ import annotations
 
+import socket
+
 import uvicorn
-from fastapi import FastAPI
+
+from helios.engine_api import Engine
+from helios.server.app import ServerConfig, create_app
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+DEFAULT_GRACE_S = 30.0
+DRAIN_MARGIN_S = 5.0
 
 
-def uvicorn_server(app: FastAPI, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, graceful_s: float = 30.0, log_level: str = "info") -> uvicorn.Server:
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=graceful_s, lifespan="on")
-    return uvicorn.Server(config)
+class DrainingServer(uvicorn.Server):
+    """uvicorn plus one step at the start of shutdown: tell the engine to drain."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine, grace_s: float) -> None:
+        super().__init__(config)
+        self._engine = engine
+        self._grace_s = grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._engine.begin_drain(self._grace_s)
+        await super().shutdown(sockets)
 
 
-def serve(app: FastAPI, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, graceful_s: float = 30.0) -> None:
-    """Serve until SIGINT/SIGTERM (blocking)."""
-    uvicorn_server(app, host, port, graceful_s).run()
+def uvicorn_server(
+    engine: Engine, config: ServerConfig = ServerConfig(), host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+    grace_s: float = DEFAULT_GRACE_S, log_level: str = "info",
+) -> DrainingServer:
+    if grace_s < 0:
+        raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+    app = create_app(engine, config)
+    settings = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=grace_s + DRAIN_MARGIN_S)
+    return DrainingServer(settings, engine, grace_s)
+
+
+def serve(engine: Engine, config: ServerConfig = ServerConfig(), host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, grace_s: float = DEFAULT_GRACE_S) -> None:
+    """Serve until SIGINT/SIGTERM, then drain (blocking)."""
+    uvicorn_server(engine, config, host, port, grace_s).run()

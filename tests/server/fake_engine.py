@@ -7,7 +7,8 @@ delivered. So a test knows the exact output of any request from its prompt.
 
 Hooks for failure paths: a prompt starting with ``!reject`` is refused at
 submit, one starting with ``!fail`` fails after its first token; setting
-``accepting = False`` makes submit raise ``EngineUnavailable``. Every
+``accepting = False`` makes submit raise ``EngineUnavailable``;
+``begin_drain`` refuses new work and aborts what still runs after the grace. Every
 submitted request and every cancellation is recorded.
 """
 
@@ -67,6 +68,7 @@ class FakeEngine:
         self.submitted: list[GenerationRequest] = []
         self.cancelled: list[str] = []
         self.started = self.stopped = False
+        self.aborting = False  # set when a drain's grace period ends
         self._active: set[str] = set()
 
     async def start(self) -> None:
@@ -74,6 +76,10 @@ class FakeEngine:
 
     async def stop(self) -> None:
         self.stopped = True
+
+    def begin_drain(self, grace_s: float) -> None:
+        self.accepting = False
+        asyncio.get_running_loop().call_later(grace_s, setattr, self, "aborting", True)
 
     def stats(self) -> EngineStats:
         return dataclasses.replace(self.base_stats, requests_running=len(self._active), accepting=self.accepting)
@@ -106,6 +112,9 @@ class FakeEngine:
             await asyncio.sleep(self.token_delay_s)
             if request.request_id not in self._active:
                 return  # cancelled: end without a finish reason
+            if self.aborting:
+                yield TextDelta("", (), FinishReason.ABORT)
+                return
             if i == 1 and prompt.startswith(b"!fail"):
                 raise GenerationFailed("the fake engine fails prompts that start with !fail")
             last = i == len(output) - 1 and reason is FinishReason.LENGTH

@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_engine import EOS, FakeEngine
 from helios.engine_api import EngineStats, ExecutionTotals, FinishReason, SpeculativeTotals
-from helios.server.app import ServerConfig, create_app
-from helios.server.chat_template import ChatTemplate
-from helios.server.serve import uvicorn_server
 from helios.engine_api import ChatTemplateError
+from helios.server.app import ServerConfig
+from helios.server.chat_template import ChatTemplate
+from helios.server.serve import DrainingServer, uvicorn_server
 
 CONTEXT = 128
 BODY_LIMIT = 16 * 1024
@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 class Running:
     url: str
     engine: FakeEngine
+    server: DrainingServer
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=10.0, **kwargs)
@@ -44,19 +45,20 @@ class Running:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=10.0)
 
 
-def _serve(engine: FakeEngine, config: ServerConfig) -> Iterator[Running]:
+def _serve(engine: FakeEngine, config: ServerConfig, grace_s: float = 1.0) -> Iterator[Running]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn_server(create_app(engine, config), log_level="warning", graceful_s=1.0)
+    server = uvicorn_server(engine, config, log_level="warning", grace_s=grace_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.01)
-    yield Running(f"http://127.0.0.1:{sock.getsockname()[1]}", engine)
+    yield Running(f"http://127.0.0.1:{sock.getsockname()[1]}", engine, server)
     server.should_exit = True
     thread.join(10)
+    assert not thread.is_alive(), "uvicorn did not shut down"
     sock.close()
 
 
@@ -73,7 +75,7 @@ def keyed() -> Iterator[Running]:
 @pytest.fixture()
 def slow() -> Iterator[Running]:
     """A server whose engine spends 20 ms per token, so a client can leave mid-generation."""
-    yield from _serve(FakeEngine(context_length=4096, token_delay_s=0.02), ServerConfig())
+    yield from _serve(FakeEngine(context_length=4096, token_delay_s=0.02), ServerConfig(), grace_s=0.2)
 
 
 def _chat(content: str, **extra) -> dict:
@@ -439,6 +441,19 @@ def test_finished_requests_are_not_cancelled(served):
     assert len(served.engine.cancelled) == before
 
 
+def test_shutdown_drains_running_streams_with_abort(slow):
+    body = _completion("s" * 300, stream=True, max_tokens=300)
+    with slow.client() as client, client.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        slow.server.should_exit = True  # what SIGTERM does
+        rest = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "[DONE]"
+    assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "abort"
+    assert not slow.engine.accepting and slow.engine.cancelled == []
+    _wait_until(lambda: slow.engine.stopped, "the lifespan to stop the engine")
+
+
 # ---------------------------------------------------------------- metrics
 
 
@@ -534,3 +549,17 @@ def test_fake_engine_byte_rules():
     assert planned_output(b"hello", 5, ()) == (b"hello", FinishReason.LENGTH)  # no room left for EOS
     assert planned_output(b"hello", 16, ("ll",)) == (b"he", FinishReason.STOP)
     assert EOS == 256
+
+
+def test_checkpoint_tokenizer_on_the_bundled_files():
+    from helios.engine_api import EngineTokenizer
+    from helios.server.tokenizer import CheckpointTokenizer
+
+    tokenizer = CheckpointTokenizer.from_folder(REPO / "ignition/models/bundled/flare-tiny/target")
+    assert isinstance(tokenizer, EngineTokenizer)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hé"}])
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    # byte-level: one id per byte, and each chat marker is a single special token
+    assert len(ids) == len("user\nhé\nassistant\n".encode()) + 3
+    assert tokenizer.decode(ids) == "user\nhé\nassistant\n"
+    assert tokenizer.vocab_size == 259
