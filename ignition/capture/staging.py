@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from helios.catalog import MANIFEST_NAME
+
 
 class StagingError(OSError):
     """The output folder cannot be prepared (unwritable parent, a file in the way...)."""
@@ -28,6 +30,7 @@ def staged_folder(target: Path) -> Iterator[Path]:
     and the staging folder is removed (or, after a crash, left as an ignorable
     ``.<name>.staging-*`` folder that never has a manifest at ``target``).
     """
+    target = target.absolute()
     parent = check_target(target)
     staging = parent / f".{target.name}.staging-{secrets.token_hex(6)}"
     staging.mkdir()  # not mkdtemp: the catalog keeps the umask's permissions, not 0700
@@ -40,9 +43,9 @@ def staged_folder(target: Path) -> Iterator[Path]:
 
 def check_target(target: Path) -> Path:
     """The folder the catalog will be renamed into; raises ``StagingError`` if unusable."""
+    target = target.absolute()
     parent = target.parent
-    if target.exists() and not target.is_dir():
-        raise StagingError(f"{target}: exists and is not a folder; choose another --out")
+    _check_replaceable(target)
     blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
         raise StagingError(f"{blocking}: is a file, not a folder; choose an --out inside a writable folder")
@@ -53,6 +56,17 @@ def check_target(target: Path) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise StagingError(f"{parent}: not writable; choose an --out inside a writable folder")
     return parent
+
+
+def _check_replaceable(target: Path) -> None:
+    """Only a previous catalog (or an empty folder) may be replaced: never a user's other files."""
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise StagingError(f"{target}: exists and is not a folder; choose another --out")
+    if any(target.iterdir()) and not (target / MANIFEST_NAME).is_file():
+        raise StagingError(f"{target}: exists and is not a catalog (no {MANIFEST_NAME}); "
+                           "choose a new or empty folder for --out")
 
 
 def _replace(staging: Path, target: Path) -> None:

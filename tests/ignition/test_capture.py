@@ -108,6 +108,18 @@ def test_unwritable_out_is_a_clear_error(tmp_path, tokenizer):
         write_catalog(stand_in_source(tokenizer), blocker)
 
 
+def test_a_folder_that_is_not_a_catalog_is_never_replaced(tmp_path, tokenizer):
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(StagingError, match="is not a catalog"):
+        write_catalog(stand_in_source(tokenizer), precious)
+    assert (precious / "notes.txt").read_text() == "keep me"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert load(write_catalog(stand_in_source(tokenizer), empty).path).descriptors
+
+
 @pytest.mark.slow
 def test_aoti_catalog_runs_compiled_programs_with_weights_bound_at_load(tmp_path, tokenizer):
     """--compile aoti: one compiled package per program, no weights inside, same results as eager."""
