@@ -36,7 +36,7 @@ from helios.server.protocol import (
     prepare_completion,
 )
 from helios.server.responses import ChatShape, CompletionShape, ResponseHeader, ResponseShape
-from helios.server.streaming import sse_response, stream_events
+from helios.server.streaming import EventStreamResponse, stream_events
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class _Routes:
             raise
         header = ResponseHeader(prepared.generation.request_id, int(time.time()), self.engine.model_name)
         if prepared.stream:
-            return sse_response(stream_events(generation, endpoint.shape, header, prepared.include_usage))
+            return EventStreamResponse(stream_events(generation, endpoint.shape, header, prepared.include_usage), generation.abandon)
         return await self._respond_whole(request, generation, endpoint.shape, header)
 
     async def _admit(self, request: Request, endpoint: Endpoint, clock: DeliveryClock) -> tuple[Generation, PreparedRequest]:

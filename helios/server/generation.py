@@ -1,9 +1,9 @@
 """One engine submission as the server drives it: relay, count, and cancel if abandoned.
 
 Whatever ends the relay early (a client that disconnects, a stream the server
-stops reading, a failure) reaches ``Generation.deltas``' ``finally``, which
-cancels the request in the engine unless it already finished. That is the
-only place the server cancels, so no path can leak an engine slot.
+stops reading, a failure) reaches ``Generation.deltas``' ``finally`` or, for
+a stream that never started relaying, the response's ``abandon()``; both
+cancel the request in the engine unless it already finished, once.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Generation:
     completion_tokens: int = 0
     finish_reason: FinishReason | None = None
     _stream: AsyncIterator[TextDelta] | None = field(default=None, repr=False)
+    _closed: bool = False
 
     def submit(self) -> None:
         """Hand the request to the engine; raises RequestRejected / EngineUnavailable at once."""
@@ -65,7 +66,14 @@ class Generation:
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
 
+    async def abandon(self) -> None:
+        """End the relay wherever it stands: cancels the request unless it finished (idempotent)."""
+        await self._close("cancelled")
+
     async def _close(self, outcome: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self.finish_reason is None:
             self.engine.cancel(self.request.request_id)
         self.metrics.finished(self.endpoint, outcome)

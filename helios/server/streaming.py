@@ -1,9 +1,11 @@
 """Server-sent events for ``stream: true``: one ``data:`` event per chunk, then ``data: [DONE]``.
 
-Plain ``text/event-stream`` framing over Starlette's ``StreamingResponse``:
-the protocol is three lines of code, and Starlette already cancels the body
-iterator when the client disconnects, which is what cancels the request
-(``Generation.deltas``).
+Plain ``text/event-stream`` framing over Starlette's ``StreamingResponse``
+(the protocol is three lines of code). ``EventStreamResponse`` always watches
+the connection while it streams, whatever ASGI spec version the server
+speaks, so a client that leaves while the engine is still silent (queued,
+in a long prefill) is noticed at once; and whatever ends the response, its
+``on_close`` runs, which cancels an unfinished request.
 
 Usage rides only on a final chunk with empty ``choices``, and only when the
 client asked with ``stream_options.include_usage``; every earlier chunk then
@@ -13,9 +15,11 @@ carries ``"usage": null``, as OpenAI's do.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import anyio
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from helios.engine_api import GenerationFailed
 from helios.server.errors import internal
@@ -29,10 +33,31 @@ def event(body: dict) -> bytes:
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
-def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
-    # no-cache and no proxy buffering: every event should reach the client when it is written.
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+class EventStreamResponse(StreamingResponse):
+    """An SSE response that stops on disconnect and always runs ``on_close`` at the end."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
+        # no-cache and no proxy buffering: every event should reach the client when it is written.
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._stream_then_stop, send, group.cancel_scope)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        except OSError:
+            pass  # the client went away mid-write: same as a disconnect
+        finally:
+            with anyio.CancelScope(shield=True):  # cleanup must finish even if the task is being cancelled
+                await self.body_iterator.aclose()
+                await self._on_close()
+
+    async def _stream_then_stop(self, send: Send, scope: anyio.CancelScope) -> None:
+        await self.stream_response(send)
+        scope.cancel()
 
 
 async def stream_events(generation: Generation, shape: ResponseShape, header: ResponseHeader, include_usage: bool) -> AsyncIterator[bytes]:

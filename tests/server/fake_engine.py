@@ -63,6 +63,7 @@ class FakeEngine:
         self.context_length = context_length
         self.tokenizer = ByteTokenizer()
         self.token_delay_s = token_delay_s
+        self.first_token_delay_s = 0.0  # a queued request or a long prefill: silence before any output
         self.accepting = True
         self.base_stats = EngineStats()
         self.submitted: list[GenerationRequest] = []
@@ -108,6 +109,7 @@ class FakeEngine:
     async def _deltas(self, request: GenerationRequest, prompt: bytes) -> AsyncIterator[TextDelta]:
         output, reason = planned_output(prompt, request.max_tokens, request.stop)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        await asyncio.sleep(self.first_token_delay_s)
         for i, byte in enumerate(output):
             await asyncio.sleep(self.token_delay_s)
             if request.request_id not in self._active:

@@ -425,6 +425,14 @@ def test_stream_disconnect_cancels_the_engine_request(slow):
     _wait_until(lambda: slow.engine.stats().requests_running == 0, "the request to leave the engine")
 
 
+def test_stream_disconnect_before_any_output_cancels(slow):
+    slow.engine.first_token_delay_s = 60.0  # the engine stays silent far longer than the wait below
+    with slow.client() as client, client.stream("POST", "/v1/completions", json=_completion("abc", stream=True)) as response:
+        assert response.status_code == 200
+    _wait_until(lambda: len(slow.engine.cancelled) == 1, "the engine to see the cancellation")
+    assert slow.engine.cancelled == [slow.engine.submitted[-1].request_id]
+
+
 def test_non_stream_disconnect_cancels_the_engine_request(slow):
     with slow.client() as client, pytest.raises(httpx.ReadTimeout):
         client.post("/v1/completions", json=_completion("q" * 300, max_tokens=300), timeout=0.3)
