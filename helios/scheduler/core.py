@@ -11,8 +11,20 @@ API additions beyond DESIGN.md (additive; nothing renamed or removed):
 - ``complete_packed_round(fence, records, timing, confidence)``: ``confidence``
   is one sequence of joint prefix probabilities per record (rank zero's rows of
   the sidecar), or None; ``*_with_survival`` variants take ``survival`` the same
-  way. Both are validated; forecasts (S7) and survival observations (S10) are
-  the next issue's and are not applied yet.
+  way. Both are validated before any lane is applied (A2); confidence rows
+  feed the request's forecast and the population prior (S7), survival rows
+  replace binary acceptance observations (S10).
+- ``Scheduler(..., speculation="adaptive" | "fixed")``: fixed-width execution
+  never runs acceptance probes (D8). ``execution_counters()`` gives D9's
+  executions and nanoseconds per selection reason.
+
+Funded exploration (docs/exploration.md, "Hooks"): ordinary completions earn
+credit; with full credit and an empty queue, ``plan`` may replace its measured
+winner by a stale alternative (timing refresh) or an acceptance probe
+(``explore.py``); commit opens the episode, completion closes it. The device
+is idle, and positive credit lapses, when a completion or a cancellation
+leaves the frame queue empty with no runnable request (time alone never
+changes that, so ``advance_to`` need not check).
 
 Life of a request: ``admit`` gives a slot and a generation; while prompt is
 left it competes as a prompter; a completion that consumes the last prompt
@@ -24,6 +36,7 @@ slot is ever charged for it (A1).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -31,6 +44,8 @@ from helios.scheduler import policy as pol
 from helios.scheduler import rounds
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.cost import CostModel
+from helios.scheduler.explore import Decision, Explorer, ProbeSubject
+from helios.scheduler.refresh import EXPLORATION_REASONS, ExplorationAccounts, ReasonTotals
 from helios.scheduler.service import (
     DeliveryFamily,
     FrameService,
@@ -40,7 +55,13 @@ from helios.scheduler.service import (
     reference_interval_ms,
     token_normalizer,
 )
-from helios.scheduler.speculation import RequestAcceptance
+from helios.scheduler.speculation import (
+    CompletedRound,
+    PopulationPrior,
+    PrefixSurvival,
+    ProposalDraws,
+    RequestAcceptance,
+)
 from helios.scheduler.types import (
     GENERATION_KINDS,
     AdmitRequest,
@@ -53,12 +74,15 @@ from helios.scheduler.types import (
     GraphKind,
     LanePhase,
     PlannedLane,
+    PlanTrace,
     RequestHandle,
     ScheduledPlan,
+    SelectionReason,
 )
 
 FRAME_SLOTS = 2  # A7: the transport holds two frames
 PROPOSAL_SOURCES = ("learned", "copy")
+SPECULATION_MODES = ("adaptive", "fixed")  # fixed: widths never adapt, so acceptance is never probed (D8)
 
 
 # ---------------------------------------------------------------------------
@@ -168,7 +192,10 @@ class Scheduler:
         *,
         request_slots: int,
         policy: PolicyConfig | None = None,
+        speculation: str = "adaptive",
     ) -> None:
+        if speculation not in SPECULATION_MODES:
+            raise ValueError(f"speculation must be one of {SPECULATION_MODES}, got {speculation!r}")
         if not 1 <= request_slots <= pol.MAX_REQUEST_SLOTS:
             raise ValueError(f"request_slots must be in 1..{pol.MAX_REQUEST_SLOTS} (U11), got {request_slots}")
         ids = [g.id for g in graphs]
@@ -192,6 +219,11 @@ class Scheduler:
         self._last_fence: Fence | None = None
         self._max_depth = max((g.proposal_depth for g in self.graphs), default=0)
         self._admitted_any = False
+        self.speculation = speculation
+        self.exploration = ExplorationAccounts()  # D6-D9: both ledgers and the per-reason counters
+        self.population = PopulationPrior()  # S7: where every confidence forecast starts
+        self.proposal_draws = ProposalDraws()  # S12
+        self._explorer = self._make_explorer()
 
     # -- configuration and clock -------------------------------------------
 
@@ -200,6 +232,15 @@ class Scheduler:
             raise ValueError("configure_policy must be called before the first admission")
         self.policy = policy
         self.cost.ttl_ns = policy.estimate_ttl_ns
+        self._explorer = self._make_explorer()
+
+    def _make_explorer(self) -> Explorer:
+        return Explorer(self.graphs, self._infos, max_depth=self._max_depth,
+                        alpha=self.policy.adaptive_verification_alpha, fixed_width=self.speculation == "fixed")
+
+    def execution_counters(self) -> dict[str, ReasonTotals]:
+        """D9: executions and physical nanoseconds per selection reason (metric label spelling)."""
+        return {label: ReasonTotals(n, ns) for label, (n, ns) in self.exploration.counters.as_labels().items()}
 
     def advance_to(self, now_ns: int) -> None:
         if now_ns < self.now_ns:
@@ -249,6 +290,7 @@ class Scheduler:
         state = self._state(handle)
         state.cancelled = True
         self._release_if_idle(state)
+        self._lapse_credit_if_idle()
 
     def seed_acceptance(self, handle: RequestHandle, source: str, rounds_seen: Sequence[tuple[int, int]]) -> None:
         """Fold (offered, accepted) rounds into the request's history for ``source`` (S6), no aging."""
@@ -316,17 +358,45 @@ class Scheduler:
         choice = pol.select(self.graphs, timings, population, self._infos)
         if choice is None:
             return None
-        if self._frames and choice.requires_feedback:
+        log_scale = choice.log_scale  # the decision's common scaling (U7), kept for a funded replacement
+        funded = self._explorer.choose(Decision(choice, timings, population, self.now_ns),
+                                       self.exploration, self.cost, self._probe_subject)
+        if funded is not None:
+            choice, reason, feedback = funded.choice, funded.reason, True
+        else:
+            reason, feedback = choice.reason, choice.requires_feedback
+        if self._frames and feedback:
             return None  # A8: wait for the empty window rather than queue lower-value work
         return ScheduledPlan(
             graph=choice.graph,
             lanes=choice.lanes,
-            reason=choice.reason,
+            reason=reason,
             estimated_duration_ns=choice.timing.duration_ns,
-            scaled_value_rate=pol.scaled_rate(choice),
-            log_scale=choice.log_scale,
+            scaled_value_rate=choice.score * math.exp(log_scale),
+            log_scale=log_scale,
             prefill_row=choice.prefill_row,
-            requires_feedback=choice.requires_feedback,
+            requires_feedback=feedback,
+            trace=self._plan_trace(choice.graph, choice.timing.duration_ns, reason),
+        )
+
+    def _probe_subject(self, handle: RequestHandle) -> ProbeSubject:
+        """A decode lane's request as probes see it; reading creates no estimates."""
+        state = self._slots[handle.slot]
+        acceptance = state.acceptance
+        estimates = {
+            source: acceptance.by_source.get(source) or PrefixSurvival(prior_weight=acceptance.prior_weight)
+            for source in state.request.proposal_sources
+        }
+        return ProbeSubject(state.room(), estimates)
+
+    def _plan_trace(self, graph: GraphDescriptor, cost_ns: int, reason: SelectionReason) -> PlanTrace:
+        """A12: the plan's physical shape, selected cost, observation age, reason and credit."""
+        observed = self.cost.last_observation_ns(graph.cost_key())
+        credit = self.exploration.credit()
+        return PlanTrace(
+            graph.batch_capacity, graph.proposal_depth, graph.width, graph.target_rows, cost_ns,
+            None if observed is None else self.now_ns - observed, reason,
+            credit.timing_refresh_ns, credit.acceptance_learning_ns,
         )
 
     def _queue_accepts_more(self) -> bool:
@@ -466,6 +536,8 @@ class Scheduler:
             state.queued_output += lane_output_bound(lane, plan.graph)
             state.last_selected_ns = self.now_ns
         self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
+        if plan.reason in EXPLORATION_REASONS:
+            self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
         self._frames.append(
             Frame.submitted(fence, plan, participants, normalizer, start_ns + plan.estimated_duration_ns, queued)
         )
@@ -490,6 +562,8 @@ class Scheduler:
             raise ValueError(f"plan graph {plan.graph.id!r} is not in this scheduler's catalog")
         if len(self._frames) >= FRAME_SLOTS:
             raise ValueError("both frame slots are occupied; complete a frame before committing")
+        if plan.reason in EXPLORATION_REASONS and not self.exploration.can_begin(plan.reason):
+            raise ValueError(f"a {plan.reason.value} plan needs full credit and no episode in flight; replan")
         if self._frames:
             if self._frames[-1].plan.requires_feedback or plan.requires_feedback:
                 raise ValueError("this plan or the queued one needs completion feedback: commit after the queue drains")
@@ -552,27 +626,45 @@ class Scheduler:
         by_handle = validate_completion(frame, records, timing, self._lookup)
         _validate_sidecar("confidence", confidence, records, frame.plan.graph)
         _validate_sidecar("survival", survival, records, frame.plan.graph)
+        sidecars = _sidecars_by_handle(records, confidence, survival)
         # everything is valid: from here on, state changes
         self._frames.pop(0)
         plan = frame.plan
         self._observe_cost(plan.graph.cost_key(), timing.device_ns, timing.readiness_delay_ns)
+        # D6-D9: every frame that completes pays or earns once, by its plan's reason (cancelled lanes too)
+        self.exploration.record(plan.reason, timing, frame.queued)
         before = {h: self._counters(h) for h in frame.participants}
         out = []
         for lane in plan.lanes:
             state = self._lookup(lane.handle)
             if state is None:
                 continue
-            token = self._apply_lane(state, lane, plan, by_handle.get(lane.handle), frame.fence)
+            record = by_handle.get(lane.handle)
+            token = self._apply_lane(state, lane, plan, record, frame.fence, sidecars.get(lane.handle))
             if token is not None:
                 out.append(token)
         self._record_service(frame, timing, before)
+        self._record_draws(plan, by_handle.values())
         for lane in plan.lanes:
             state = self._lookup(lane.handle)
             if state is not None:
                 self._release_if_idle(state)
-        # seam (next issue): funded timing refresh (D6/D7) and acceptance learning (D8)
-        # earn their credit here from the measured interval; the plan trace (A12) records it.
+        self._lapse_credit_if_idle()
         return out
+
+    def _record_draws(self, plan: ScheduledPlan, records) -> None:
+        """S12: learned proposals drawn by this round (copy rounds draw none)."""
+        graph = plan.graph
+        if rounds.draws_proposals(graph) and graph.proposal_depth > 0:
+            lanes = sum(1 for r in records if not r.prompt_consumed)
+            self.proposal_draws.record(graph.proposal_source or "learned", lanes, graph.proposal_depth)
+
+    def _lapse_credit_if_idle(self) -> None:
+        """D6: when the device has nothing queued and nothing runnable, positive credit lapses."""
+        if self._frames or self.exploration.episode_open:
+            return
+        if not any(s is not None and s.live and (s.phase is LanePhase.PROMPT or s.room() > 0) for s in self._slots):
+            self.exploration.idle()
 
     def _counters(self, handle: RequestHandle) -> int | None:
         state = self._lookup(handle)
@@ -580,7 +672,7 @@ class Scheduler:
             return None
         return state.prompt_done + state.produced
 
-    def _apply_lane(self, state, lane, plan, record, fence) -> GeneratedToken | None:
+    def _apply_lane(self, state, lane, plan, record, fence, sidecar=None) -> GeneratedToken | None:
         state.inflight -= 1
         state.queued_prompt -= lane.prompt_tokens
         state.queued_output -= lane_output_bound(lane, plan.graph)
@@ -591,7 +683,7 @@ class Scheduler:
             if state.phase is LanePhase.DECODE:
                 state.decoder_since_ns = self.now_ns
         else:
-            self._observe_acceptance(state, plan.graph, record)
+            self._observe_acceptance(state, lane, plan.graph, record, sidecar or (None, None))
         state.produced += len(record.tokens)
         reason = self._finish_reason(state, record)
         if reason is not None:
@@ -600,14 +692,26 @@ class Scheduler:
             return None
         return GeneratedToken(state.handle, fence, tuple(record.tokens), reason is not None, reason)
 
-    def _observe_acceptance(self, state: RequestState, graph: GraphDescriptor, record: CompletionRecord) -> None:
-        """S6: only rounds that offered drafts teach acceptance; width-one rounds do not."""
-        if record.offered > 0:
-            source = graph.proposal_source or "learned"
-            accepted = min(record.offered, len(record.tokens) - 1)
-            state.acceptance.observe_round(source, record.offered, accepted, record.terminated)
-            # seam (next issue, S10): survival rows replace these binary observations
-        state.acceptance.age(len(record.tokens))
+    def _observe_acceptance(self, state: RequestState, lane: PlannedLane, graph: GraphDescriptor,
+                            record: CompletionRecord, sidecar) -> None:
+        """S6-S10: age, fold the verified outcome (survival rows where given), feed the forecast.
+
+        Only rounds that offered drafts teach acceptance; width-one rounds only age.
+        """
+        confidence, survival = sidecar
+        state.acceptance.complete(
+            CompletedRound(
+                source=(graph.proposal_source or "learned") if record.offered > 0 else None,
+                generated_tokens=len(record.tokens),
+                offered=record.offered,
+                accepted=min(record.offered, len(record.tokens) - 1),
+                terminated=record.terminated,
+                survival=None if survival is None else tuple(survival),
+                confidence=None if confidence is None else (tuple(confidence),),
+                ceiling=lane.ceiling or lane.query_length,
+            ),
+            self.population,
+        )
         self._refresh_survival(state)
 
     def _finish_reason(self, state: RequestState, record: CompletionRecord) -> str | None:
@@ -710,6 +814,15 @@ def _validate_rows(graph: GraphDescriptor, records) -> None:
         rows = sum(max(1, r.offered + 1) for r in records if not r.prompt_consumed)
         if rows > graph.target_rows:
             raise ValueError(f"{graph.id}: records use {rows} target rows, more than P = {graph.target_rows}")
+
+
+def _sidecars_by_handle(records, confidence, survival) -> dict[RequestHandle, tuple]:
+    """Per record's handle: (confidence row, survival row), either None when absent."""
+    rows = {}
+    for i, record in enumerate(records):
+        rows[record.handle] = (None if confidence is None else confidence[i],
+                               None if survival is None else survival[i])
+    return rows
 
 
 def _validate_sidecar(name: str, rows, records, graph: GraphDescriptor) -> None:

@@ -747,6 +747,33 @@ def select(
     return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row)
 
 
+def evaluate(
+    graphs: Sequence[GraphDescriptor],
+    timings: Sequence[GraphTiming],
+    population: Population,
+    infos: Sequence[GraphInfo],
+    indices: Sequence[int],
+) -> dict[int, Choice]:
+    """Each listed graph's own best cohort, as ``select`` would build it, by catalog index.
+
+    Funded exploration (D7, D8) needs the cohort and ordinary value of
+    programs that did not win; graphs with nothing to run are left out.
+    ``log_scale`` is 0: callers scale by the winning decision's factor.
+    """
+    sel = _Selector(population, infos)
+    out = {}
+    for index in indices:
+        graph = graphs[index]
+        make = _CANDIDATES.get(graph.kind)
+        c = make(sel, index, graph, timings[index]) if make else None
+        if isinstance(c, _Deferred):
+            c = c.make()
+        if c is not None:
+            lanes, prefill_row = c.build()
+            out[index] = Choice(graph, lanes, c.timing, c.score, 0.0, prefill_row)
+    return out
+
+
 def scaled_rate(choice: Choice) -> float:
     """The winner's score after the decision's common scaling (U7)."""
     return choice.score * math.exp(choice.log_scale)

@@ -175,6 +175,28 @@ class PlannedLane:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanTrace:
+    """What a plan looked like when it was chosen (spec A12), for traces and metrics.
+
+    B/D/W/P are the physical program's; ``selected_cost_ns`` the duration
+    estimate selection used (0 while unknown); ``observation_age_ns`` the time
+    since that estimate's last valid sample (None while unknown). The two
+    credits are the exploration balances at planning time, in ns (negative
+    while an episode's overrun is being repaid).
+    """
+
+    batch_capacity: int
+    proposal_depth: int
+    width: int
+    aggregate: int
+    selected_cost_ns: int
+    observation_age_ns: int | None
+    reason: SelectionReason
+    timing_refresh_credit_ns: float
+    acceptance_learning_credit_ns: float
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduledPlan:
     """An immutable decision: the program, its lanes, and why (spec A6, A12)."""
 
@@ -186,6 +208,7 @@ class ScheduledPlan:
     log_scale: float
     prefill_row: int | None = None  # index into ``lanes`` of the prompt row (mixed)
     requires_feedback: bool = True  # may not be queued behind other work
+    trace: PlanTrace | None = None  # A12: physical shape, cost, age, reason and credit at planning
 
     def selection_value_rate(self) -> float:
         """Selection score after the decision's common positive scaling (spec U7)."""

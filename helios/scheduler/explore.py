@@ -1,0 +1,168 @@
+"""Funded exploration plans: when a refresh or a probe replaces the ordinary winner (D7, D8).
+
+The pure rules live elsewhere: ``refresh.py`` holds the ledgers and the
+refresh order, ``learning.py`` the probe candidates and the precedence of
+refresh over probes. This module joins them to one planning decision of the
+core. Ordinary selection has picked its measured winner; if a ledger holds
+full credit and no episode is in flight, ``Explorer.choose`` looks for
+
+1. a stale feasible alternative (timing refresh). Alternatives are the
+   catalog's other measured, stale programs that have a cohort to run now,
+   valued by their own ordinary score. The winner itself is excluded: a stale
+   winner refreshes through normal service, paid by nobody's credit;
+2. otherwise an acceptance probe for one of the winner's decode lanes: a
+   measured speculative program of the lane's proposal source that offers
+   deeper drafts than the winner does for that lane.
+
+The funded choice runs the chosen program's own best cohort when that cohort
+gives the probed lane its full depth; otherwise the probe runs the lane alone.
+Either way the plan needs an empty queue and feedback (A8), like discovery.
+
+Cost: nothing beyond two balance checks unless a ledger is full, so ordinary
+planning pays for exploration only while credit waits for a candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from helios.scheduler import policy as pol
+from helios.scheduler.cost import CostModel
+from helios.scheduler.learning import ProbeCandidate, ProbeLane, WidthProgram, choose_exploration, probe_candidates
+from helios.scheduler.refresh import ExplorationAccounts, stale_alternatives
+from helios.scheduler.speculation import PrefixSurvival
+from helios.scheduler.types import (
+    GENERATION_KINDS,
+    CostKey,
+    GraphDescriptor,
+    LanePhase,
+    PlannedLane,
+    RequestHandle,
+    SelectionReason,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One planning decision as exploration sees it: the ordinary winner and what it was chosen from."""
+
+    winner: pol.Choice
+    timings: Sequence[pol.GraphTiming]
+    population: pol.Population
+    now_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSubject:
+    """A decode lane's request: output room and acceptance estimates per proposal source."""
+
+    room: int
+    estimates: Mapping[str, PrefixSurvival]
+
+
+@dataclass(frozen=True, slots=True)
+class Funded:
+    """The exploration that replaces the winner: why, and the program and cohort to run."""
+
+    reason: SelectionReason
+    choice: pol.Choice
+
+
+class Explorer:
+    """Funded exploration choices for one catalog (see the module docstring)."""
+
+    def __init__(self, graphs: Sequence[GraphDescriptor], infos: Sequence[pol.GraphInfo], *,
+                 max_depth: int, alpha: float, fixed_width: bool) -> None:
+        self.graphs = tuple(graphs)
+        self.infos = tuple(infos)
+        self.index = {g.id: i for i, g in enumerate(self.graphs)}
+        self.keys = tuple(g.cost_key() for g in self.graphs)
+        self.max_depth = max_depth
+        self.alpha = alpha
+        self.fixed_width = fixed_width
+
+    def choose(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
+               subject: Callable[[RequestHandle], ProbeSubject]) -> Funded | None:
+        if decision.winner.reason is not SelectionReason.ORDINARY:
+            return None  # discovery (or nothing measured) comes first
+        refresh = accounts.can_begin(SelectionReason.TIMING_REFRESH)
+        learn = accounts.can_begin(SelectionReason.ACCEPTANCE_LEARNING) and not self.fixed_width
+        if not (refresh or learn):
+            return None
+        alternatives = self._stale_choices(decision) if refresh else {}
+        stale = stale_alternatives(cost, {k: c.score for k, c in alternatives.items()}, decision.now_ns)
+        probes = self._probes(decision, subject) if learn else []
+        pick = choose_exploration(accounts, stale, [p for p, _ in probes])
+        if pick is None:
+            return None
+        if pick.reason is SelectionReason.TIMING_REFRESH:
+            return Funded(pick.reason, alternatives[pick.choice.key])
+        handle = next(h for p, h in probes if p is pick.choice)
+        return Funded(pick.reason, self._probe_choice(decision, pick.choice, handle))
+
+    # -- timing refresh (D7) -------------------------------------------------
+
+    def _stale_choices(self, decision: Decision) -> dict[CostKey, pol.Choice]:
+        """Best cohort of every measured stale program other than the winner, one per cost key."""
+        winner_key = decision.winner.graph.cost_key()
+        indices = [i for i, t in enumerate(decision.timings)
+                   if t.known and not t.fresh and self.keys[i] != winner_key]
+        if not indices:
+            return {}
+        found = pol.evaluate(self.graphs, decision.timings, decision.population, self.infos, indices)
+        best: dict[CostKey, pol.Choice] = {}
+        for index, choice in found.items():
+            key = self.keys[index]
+            if key not in best or choice.score > best[key].score:
+                best[key] = choice
+        return best
+
+    # -- acceptance learning (D8) --------------------------------------------
+
+    def _probes(self, decision: Decision, subject) -> list[tuple[ProbeCandidate, RequestHandle]]:
+        prices = dict(zip(decision.population.decoders.handle, decision.population.decoders.token_price))
+        out = []
+        for lane in decision.winner.lanes:
+            price = prices.get(lane.handle, 0.0)
+            if lane.phase is not LanePhase.DECODE or price <= 0:
+                continue
+            request = subject(lane.handle)
+            for source, estimates in request.estimates.items():
+                programs = self._programs(source, decision.timings)
+                if not programs:
+                    continue
+                view = ProbeLane.from_estimates(estimates, self.max_depth, request.room,
+                                                self._ordinary(decision.winner, source),
+                                                token_value=price, alpha=self.alpha)
+                out.extend((c, lane.handle) for c in probe_candidates(view, programs))
+        return out
+
+    def _programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
+        """Measured speculative programs whose rows draw from ``source``."""
+        return [WidthProgram.of(g, timings[i].duration_ns) for i, g in enumerate(self.graphs)
+                if g.kind in GENERATION_KINDS and self.infos[i].source == source and timings[i].known]
+
+    def _ordinary(self, winner: pol.Choice, source: str) -> WidthProgram:
+        """The winner as one lane of ``source`` sees it: no drafts of that source if it draws none."""
+        graph = winner.graph
+        if self.infos[self.index[graph.id]].source == source:
+            return WidthProgram.of(graph, winner.timing.duration_ns)
+        return WidthProgram(graph.id, 1, 0, winner.timing.duration_ns, graph.target_rows, graph.batch_capacity)
+
+    def _probe_choice(self, decision: Decision, probe: ProbeCandidate, handle: RequestHandle) -> pol.Choice:
+        """The probe program's own best cohort if it gives the lane its full depth; else the lane alone."""
+        index = self.index[probe.program.key]
+        found = pol.evaluate(self.graphs, decision.timings, decision.population, self.infos, [index]).get(index)
+        if found is not None and any(
+            lane.handle == handle and (lane.ceiling or lane.query_length) - 1 >= probe.offered_depth
+            for lane in found.lanes
+        ):
+            return found
+        graph, timing = self.graphs[index], decision.timings[index]
+        rows = probe.offered_depth + 1
+        lane = PlannedLane(handle, LanePhase.DECODE, query_length=rows,
+                           ceiling=rows if self.infos[index].prefix_limit else 0,
+                           expected_tokens=min(float(probe.lane.remaining_output), probe.optimistic_rate
+                                               * probe.program.duration_ns / 1e6 / probe.lane.token_value))
+        return pol.Choice(graph, (lane,), timing, probe.optimistic_rate, 0.0, None)
