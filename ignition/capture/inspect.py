@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from helios.catalog import Catalog, descriptor_to_dict, load
+from helios.catalog import Catalog, ProgramEntry, descriptor_to_dict, load
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,12 @@ class CatalogReport:
     def total_bytes(self) -> int:
         return sum(self.file_sizes.values())
 
+    def _program(self, entry: ProgramEntry) -> dict[str, Any]:
+        files = {"file": entry.file, "bytes": self.file_sizes[entry.file]}
+        if entry.compiled_file:
+            files |= {"compiled_file": entry.compiled_file, "compiled_bytes": self.file_sizes[entry.compiled_file]}
+        return {**descriptor_to_dict(entry.descriptor), **files}
+
     def to_json(self) -> dict[str, Any]:
         manifest = self.catalog.manifest
         return {
@@ -35,10 +41,7 @@ class CatalogReport:
             "device": dict(manifest.device),
             "envelope": manifest.envelope.to_dict(),
             "counts_by_kind": self.counts_by_kind,
-            "programs": [
-                {**descriptor_to_dict(p.descriptor), "file": p.file, "bytes": self.file_sizes[p.file]}
-                for p in manifest.programs
-            ],
+            "programs": [self._program(p) for p in manifest.programs],
             "files": self.file_sizes,
             "total_bytes": self.total_bytes,
         }

@@ -89,13 +89,14 @@ def _programs_table(report: CatalogReport) -> Table:
         table.add_column(column, justify="right", min_width=len(column))
     table.add_column("source", no_wrap=True)  # value source: who allocates target rows
     table.add_column("flags", no_wrap=True)
-    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)  # exported + compiled files
     for p in report.catalog.manifest.programs:
         g = p.descriptor
         flags = " ".join(w for on, w in ((g.ragged, "ragged"), (g.speculation_enabled, "spec")) if on)
         numbers = (g.batch_capacity, g.proposal_depth, g.width, g.target_rows, g.prefill_capacity)
         source = g.value_source.value if g.value_source else ""
-        table.add_row(g.id, *map(str, numbers), source, flags, human_bytes(report.file_sizes[p.file]))
+        size = report.file_sizes[p.file] + (report.file_sizes[p.compiled_file] if p.compiled_file else 0)
+        table.add_row(g.id, *map(str, numbers), source, flags, human_bytes(size))
     return table
 
 
@@ -106,6 +107,6 @@ def _files_table(report: CatalogReport) -> Table:
     for name, size in report.file_sizes.items():
         if not name.startswith("programs/"):
             table.add_row(name, human_bytes(size))
-    table.add_row(f"programs/ ({len(report.catalog.manifest.programs)} files)",
-                  human_bytes(sum(s for n, s in report.file_sizes.items() if n.startswith("programs/"))))
+    programs = [size for name, size in report.file_sizes.items() if name.startswith("programs/")]
+    table.add_row(f"programs/ ({len(programs)} files)", human_bytes(sum(programs)))
     return table
