@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from helios.simulation_files import SimulationFileError, load_catalog, load_trace
+from helios.simulation_trace import write_trace_events
 from helios.simulator import SimulationError, SimulationOptions, SimulationResult, simulate as run_simulation
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Flare runtime: serve, simulate and benchmark prepared catalogs.")
@@ -36,6 +37,9 @@ def simulate(
     json_output: bool = typer.Option(False, "--json", help="Print only the JSON document on stdout."),
     cold: bool = typer.Option(False, "--cold", help="Feed no duration observations at time zero (every estimate starts unknown)."),
     until_ms: Optional[float] = typer.Option(None, "--until-ms", min=0.0, help="Stop the simulated clock at this time."),
+    trace_out: Optional[Path] = typer.Option(
+        None, "--trace-out", help="Also write the schedule as Chrome/Perfetto trace-event JSON to this file."
+    ),
 ) -> None:
     """Run the production scheduler on a discrete-event clock over a synthetic catalog and a trace."""
     try:
@@ -47,6 +51,12 @@ def simulate(
     except SimulationError as exc:
         stderr.print(f"simulation failed: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+    if trace_out is not None:
+        try:
+            write_trace_events(result, trace_out)
+        except OSError as exc:
+            stderr.print(f"error: cannot write --trace-out {trace_out}: {exc.strerror}", markup=False, highlight=False)
+            raise typer.Exit(BAD_INPUT) from None
     if json_output:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
@@ -98,7 +108,10 @@ def _summary_table(result: SimulationResult) -> Table:
     table.add_column("what")
     table.add_column("value", justify="right")
     for key, value in result.summary().items():
-        if not isinstance(value, dict):
+        if isinstance(value, dict) and key == "device_ms_by_reason":
+            for reason, ms in sorted(value.items()):
+                table.add_row(f"device ms {reason}", _ms(ms))
+        elif not isinstance(value, dict):
             table.add_row(key.replace("_", " "), _ms(value) if isinstance(value, float) else str(value))
     return table
 

@@ -76,6 +76,14 @@ AcceptanceModel = FixedAcceptance | SampledAcceptance
 
 
 @dataclass(frozen=True, slots=True)
+class AcceptanceChange:
+    """From the moment the request has ``after_tokens`` output tokens, rounds follow ``model``."""
+
+    after_tokens: int
+    model: AcceptanceModel
+
+
+@dataclass(frozen=True, slots=True)
 class TraceRequest:
     id: str
     arrival_ns: int
@@ -84,6 +92,15 @@ class TraceRequest:
     acceptance: AcceptanceModel = FixedAcceptance(0)
     preseed_acceptance: bool = False  # start as if 64 rounds had been observed
     proposal_source: str = "learned"
+    acceptance_schedule: tuple[AcceptanceChange, ...] = ()  # mid-stream changes, increasing after_tokens
+
+    def acceptance_after(self, produced: int) -> AcceptanceModel:
+        """The acceptance model in force once ``produced`` output tokens exist."""
+        model = self.acceptance
+        for change in self.acceptance_schedule:
+            if change.after_tokens <= produced:
+                model = change.model
+        return model
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +108,7 @@ class Trace:
     policy: PolicyConfig
     seed: int
     requests: tuple[TraceRequest, ...]
+    speculation: str = "adaptive"  # "fixed": the scheduler never probes acceptance (D8)
 
 
 # ---------------------------------------------------------------------------
@@ -327,9 +345,11 @@ def _ms_to_ns(ms: float) -> int:
 
 REQUEST_FIELDS = (
     "id", "arrival_ms", "prompt_tokens", "max_tokens", "accepted_drafts", "acceptance",
-    "preseed_acceptance", "proposal_source",
+    "preseed_acceptance", "proposal_source", "acceptance_schedule",
 )
-TRACE_FIELDS = ("policy", "seed", "requests")
+TRACE_FIELDS = ("policy", "seed", "requests", "speculation")
+SPECULATION_MODES = ("adaptive", "fixed")
+CHANGE_FIELDS = ("after_tokens", "accepted_drafts", "acceptance")
 POLICY_FIELDS = ("preset",) + tuple(f.name for f in fields(PolicyConfig))
 
 
@@ -342,11 +362,12 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     top = _Entry(source, "top level", data)
     policy = _parse_policy(_Entry(source, "policy", top.raw("policy", {})))
     seed = top.integer("seed", 0)
+    speculation = top.choice("speculation", SPECULATION_MODES, "adaptive")
     entries = _entries(top, "requests", lambda i, r: _entry_name("requests", i, r))
     requests = tuple(_parse_request(entry, index) for index, entry in enumerate(entries))
     _check_unique_request_ids(top, requests)
     top.finish(TRACE_FIELDS)
-    return Trace(policy=policy, seed=seed, requests=requests)
+    return Trace(policy=policy, seed=seed, requests=requests, speculation=speculation)
 
 
 def _parse_policy(entry: _Entry) -> PolicyConfig:
@@ -377,9 +398,25 @@ def _parse_request(entry: _Entry, index: int) -> TraceRequest:
         acceptance=_parse_acceptance(entry),
         preseed_acceptance=entry.boolean("preseed_acceptance", False),
         proposal_source=entry.choice("proposal_source", PROPOSAL_SOURCES, "learned"),
+        acceptance_schedule=_parse_schedule(entry),
     )
     entry.finish(REQUEST_FIELDS)
     return request
+
+
+def _parse_schedule(entry: _Entry) -> tuple[AcceptanceChange, ...]:
+    """``acceptance_schedule``: [{after_tokens, accepted_drafts | acceptance}, ...], after_tokens increasing."""
+    items = entry.raw("acceptance_schedule", [])
+    if not isinstance(items, list):
+        entry.fail("acceptance_schedule", f"expected a list of changes, got {_describe(items)}")
+    changes = []
+    for index, item in enumerate(items):
+        change = _Entry(entry.source, f"{entry.where}: acceptance_schedule[{index}]", item)
+        changes.append(AcceptanceChange(change.integer("after_tokens", minimum=1), _parse_acceptance(change)))
+        change.finish(CHANGE_FIELDS)
+    if any(b.after_tokens <= a.after_tokens for a, b in zip(changes, changes[1:])):
+        entry.fail("acceptance_schedule", "after_tokens must strictly increase from one change to the next")
+    return tuple(changes)
 
 
 def _parse_acceptance(entry: _Entry) -> AcceptanceModel:
@@ -445,6 +482,7 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         "seed": trace.seed,
         "policy": _as_dict(trace.policy),
         "requests": [_request_to_dict(r) for r in trace.requests],
+        "speculation": trace.speculation,
     }
 
 
@@ -457,11 +495,18 @@ def _request_to_dict(request: TraceRequest) -> dict[str, Any]:
         "preseed_acceptance": request.preseed_acceptance,
         "proposal_source": request.proposal_source,
     }
-    if isinstance(request.acceptance, FixedAcceptance):
-        out["accepted_drafts"] = request.acceptance.accepted_drafts
-    else:
-        out["acceptance"] = list(request.acceptance.survival)
+    out.update(_acceptance_to_dict(request.acceptance))
+    if request.acceptance_schedule:
+        out["acceptance_schedule"] = [
+            {"after_tokens": c.after_tokens, **_acceptance_to_dict(c.model)} for c in request.acceptance_schedule
+        ]
     return out
+
+
+def _acceptance_to_dict(model: AcceptanceModel) -> dict[str, Any]:
+    if isinstance(model, FixedAcceptance):
+        return {"accepted_drafts": model.accepted_drafts}
+    return {"acceptance": list(model.survival)}
 
 
 def dump_yaml(document: dict[str, Any], path: str | Path) -> None:

@@ -37,6 +37,7 @@ from helios.scheduler.types import (
     GraphDescriptor,
     LanePhase,
     PlannedLane,
+    PlanTrace,
     RequestHandle,
     ScheduledPlan,
 )
@@ -114,6 +115,8 @@ class PlanRecord:
     reason: str
     estimated_ns: int
     actual_ns: int
+    lane_widths: tuple[int, ...] = ()  # per cohort member: target rows its lane may use (ceiling or query length)
+    trace: PlanTrace | None = None  # A12, as the scheduler planned it
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +147,15 @@ class SimulationResult:
             "plans_by_kind": dict(Counter(p.graph.kind.value for p in self.plans)),
             "plans_by_reason": dict(Counter(p.reason for p in self.plans)),
             "device_busy_ms": sum(p.actual_ns for p in self.plans) / NS_PER_MS,
+            "device_ms_by_reason": self.device_ms_by_reason(),
         }
+
+    def device_ms_by_reason(self) -> dict[str, float]:
+        """Device time of the committed plans per selection reason (D9 as the simulator saw it)."""
+        totals: Counter[str] = Counter()
+        for plan in self.plans:
+            totals[plan.reason] += plan.actual_ns
+        return {reason: ns / NS_PER_MS for reason, ns in totals.items()}
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` document (docs/simulation.md describes every field)."""
@@ -178,9 +189,25 @@ def _plan_json(plan: PlanRecord) -> dict[str, Any]:
         "aggregate": graph.target_rows,
         "prefill_capacity": graph.prefill_capacity,
         "cohort": list(plan.cohort),
+        "lane_widths": list(plan.lane_widths),
         "reason": plan.reason,
         "estimated_ms": plan.estimated_ns / NS_PER_MS,
         "actual_ms": plan.actual_ns / NS_PER_MS,
+        **_trace_json(plan.trace),
+    }
+
+
+def _trace_json(trace: PlanTrace | None) -> dict[str, Any]:
+    """A12 fields: the selected cost, how old its last observation was, and both credits."""
+    if trace is None:
+        return {}
+    return {
+        "selected_cost_ms": trace.selected_cost_ns / NS_PER_MS,
+        "observation_age_ms": _ms_or_none(trace.observation_age_ns),
+        "exploration_credit_ms": {
+            "timing_refresh": trace.timing_refresh_credit_ns / NS_PER_MS,
+            "acceptance_learning": trace.acceptance_learning_credit_ns / NS_PER_MS,
+        },
     }
 
 
@@ -257,7 +284,7 @@ class SyntheticDevice:
     def _confidence(self, graph: GraphDescriptor, lane: PlannedLane, owner: _SimulatedRequest) -> tuple[float, ...]:
         if lane.phase is LanePhase.PROMPT:
             return (0.0,) * graph.proposal_depth
-        return prefix_confidence(owner.spec.acceptance, graph.proposal_depth)
+        return prefix_confidence(owner.acceptance(), graph.proposal_depth)
 
     def _allocate(self, plan: ScheduledPlan, confidence: list[tuple[float, ...]]) -> list[int]:
         # A mixed program's prompt row keeps one row of P here: conservative, never over P.
@@ -271,7 +298,7 @@ class SyntheticDevice:
             tokens = owner.next_tokens(1) if lane.finishes_prompt else ()
             return CompletionRecord(lane.handle, prompt_consumed=lane.prompt_tokens, tokens=tokens)
         offered = max(0, length - 1)
-        accepted = accepted_drafts(owner.spec.acceptance, offered, self.rng)
+        accepted = accepted_drafts(owner.acceptance(), offered, self.rng)
         return CompletionRecord(lane.handle, tokens=owner.next_tokens(accepted + 1), offered=offered)
 
 
@@ -300,6 +327,10 @@ class _SimulatedRequest:
     outcome: RequestOutcome
     handle: RequestHandle | None = None
     produced: int = 0  # output tokens the device has committed so far
+
+    def acceptance(self) -> AcceptanceModel:
+        """The acceptance model in force now (``acceptance_schedule`` may change it mid-stream)."""
+        return self.spec.acceptance_after(self.produced)
 
     def next_tokens(self, count: int) -> tuple[int, ...]:
         """Synthetic token ids; the device never emits past the output limit."""
@@ -331,7 +362,8 @@ class Simulation:
         self.catalog = catalog
         self.options = options
         self.scheduler = scheduler or Scheduler(
-            catalog.descriptors(), request_slots=catalog.request_slots, policy=trace.policy
+            catalog.descriptors(), request_slots=catalog.request_slots, policy=trace.policy,
+            speculation=trace.speculation,
         )
         self.device = SyntheticDevice(catalog, random.Random(trace.seed))
         ordered = sorted(trace.requests, key=lambda r: r.arrival_ns)
@@ -429,6 +461,8 @@ class Simulation:
             reason=plan.reason.value,
             estimated_ns=plan.estimated_duration_ns,
             actual_ns=frame.end_ns - frame.start_ns,
+            lane_widths=tuple(lane.ceiling or lane.query_length for lane in plan.lanes),
+            trace=plan.trace,
         )
 
     def _next_event_ns(self) -> int | None:
