@@ -68,6 +68,7 @@ class FakeEngine:
         self.base_stats = EngineStats()
         self.submitted: list[GenerationRequest] = []
         self.cancelled: list[str] = []
+        self.finished: list[str] = []  # ids whose final delta was handed out
         self.started = self.stopped = False
         self.aborting = False  # set when a drain's grace period ends
         self._active: set[str] = set()
@@ -120,8 +121,11 @@ class FakeEngine:
             if i == 1 and prompt.startswith(b"!fail"):
                 raise GenerationFailed("the fake engine fails prompts that start with !fail")
             last = i == len(output) - 1 and reason is FinishReason.LENGTH
+            if last:
+                self.finished.append(request.request_id)
             yield TextDelta(decoder.decode(bytes([byte])), (byte,), reason if last else None)
         if reason is FinishReason.STOP:
+            self.finished.append(request.request_id)
             yield TextDelta(decoder.decode(b"", final=True), (EOS,), FinishReason.STOP)
 
 

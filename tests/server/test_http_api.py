@@ -6,7 +6,9 @@ expected text below follows from the request alone.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import socket
 import threading
 import time
@@ -435,7 +437,7 @@ def test_stream_disconnect_before_any_output_cancels(slow):
 
 def test_non_stream_disconnect_cancels_the_engine_request(slow):
     with slow.client() as client, pytest.raises(httpx.ReadTimeout):
-        client.post("/v1/completions", json=_completion("q" * 300, max_tokens=300), timeout=0.3)
+        client.post("/v1/completions", json=_completion("q" * 300, max_tokens=300), timeout=httpx.Timeout(10.0, read=0.3))
     _wait_until(lambda: len(slow.engine.cancelled) == 1, "the engine to see the cancellation")
     assert slow.engine.cancelled == [slow.engine.submitted[-1].request_id]
 
@@ -460,6 +462,46 @@ def test_shutdown_drains_running_streams_with_abort(slow):
     assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "abort"
     assert not slow.engine.accepting and slow.engine.cancelled == []
     _wait_until(lambda: slow.engine.stopped, "the lifespan to stop the engine")
+
+
+async def _one_client(client: httpx.AsyncClient, rng: random.Random, index: int) -> str | None:
+    """One request that may leave early; returns the text when it read everything."""
+    prompt = f"request {index:02d} " + "p" * rng.randint(1, 20)
+    body = _completion(prompt, max_tokens=24, stream=rng.random() < 0.7)
+    leave_after = rng.choice([None, 0, 1, 3, 10])  # events read before leaving; None reads all
+    if not body["stream"]:
+        if leave_after is not None:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/v1/completions", json=body, timeout=httpx.Timeout(10.0, read=0.05))
+            return None
+        return (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        texts = []
+        async for line in response.aiter_lines():
+            if leave_after is not None and len(texts) >= leave_after:
+                return None  # leaving the block closes this connection mid-stream
+            if line.startswith("data: {"):
+                texts.append(json.loads(line[6:])["choices"][0]["text"])
+        return "".join(texts)
+
+
+def test_concurrent_clients_with_random_disconnects_end_every_request_exactly_once(slow):
+    slow.engine.token_delay_s = 0.005
+    rng = random.Random(5)
+
+    async def main():
+        # one client for all: building an httpx client costs tens of milliseconds
+        async with httpx.AsyncClient(base_url=slow.url, timeout=10.0, limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(_one_client(client, rng, i) for i in range(40)))
+
+    texts = asyncio.run(main())
+    engine = slow.engine
+    _wait_until(lambda: len(engine.finished) + len(engine.cancelled) == len(engine.submitted), "every request to end")
+    assert set(engine.finished).isdisjoint(engine.cancelled)
+    assert len(set(engine.cancelled)) == len(engine.cancelled) and engine.stats().requests_running == 0
+    for i, text in enumerate(texts):
+        if text is not None:  # read to the end: exactly its own echo, never a neighbour's
+            assert text.startswith(f"request {i:02d} ") and set(text[11:]) <= {"p"}
 
 
 # ---------------------------------------------------------------- metrics
