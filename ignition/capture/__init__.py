@@ -13,6 +13,7 @@ from ignition.capture.build import (
     write_catalog,
 )
 from ignition.capture.inspect import CatalogReport, inspect_catalog
+from ignition.capture.pipeline import CaptureRequest, capture
 from ignition.capture.source import CaptureSource
 from ignition.capture.staging import StagingError
 
@@ -20,10 +21,12 @@ __all__ = [
     "COMPILE_MODES",
     "CaptureError",
     "CaptureObserver",
+    "CaptureRequest",
     "CaptureSource",
     "CaptureSummary",
     "CatalogReport",
     "StagingError",
+    "capture",
     "inspect_catalog",
     "write_catalog",
 ]
