@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -177,11 +177,8 @@ class StateSpec:
         return {t.name: torch.zeros(t.shape, dtype=getattr(torch, t.dtype), device=device) for t in self.tensors}
 
 
-_DESCRIPTOR_FIELDS = (
-    "id", "kind", "batch_capacity", "proposal_depth", "width", "aggregate", "prefill_capacity",
-    "ragged", "value_source", "proposal_source", "speculation_enabled", "confidence_width",
-    "estimated_duration_ns",
-)  # fmt: skip
+# Every GraphDescriptor field is written, so a field added there reaches the manifest.
+_DESCRIPTOR_FIELDS = tuple(f.name for f in fields(GraphDescriptor))
 
 
 def descriptor_to_dict(desc: GraphDescriptor) -> dict[str, Any]:

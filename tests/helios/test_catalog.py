@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
 import subprocess
 import sys
@@ -11,8 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from helios.catalog import FORMAT_VERSION, CatalogError, load
+from helios.catalog import FORMAT_VERSION, CatalogError, descriptor_from_dict, descriptor_to_dict, load
+from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 from ignition.capture import write_catalog
 from ignition.capture.stand_in import StandInProgram, stand_in_inputs, stand_in_source, stand_in_state, stand_in_weights
 
@@ -69,6 +74,32 @@ def test_C1_descriptors_keep_their_kinds_and_capacities(catalog_dir):
     by_id = {d.id: d for d in load(catalog_dir).descriptors}
     assert by_id["prefill_p8"].kind.value == "prefill" and by_id["prefill_p8"].prefill_capacity == 8
     assert by_id["decode_b4"].kind.value == "decode" and by_id["decode_b4"].batch_capacity == 4
+
+
+@settings(max_examples=25 if os.environ.get("FLARE_TEST_SCALE") == "ci" else 200, deadline=None)
+@given(
+    kind=st.sampled_from(list(GraphKind)),
+    batch=st.integers(1, 64),
+    depth=st.integers(0, 8),
+    width=st.integers(1, 9),
+    prompt=st.integers(0, 64).map(lambda n: 64 * n),
+    ragged=st.booleans(),
+    source=st.sampled_from([None, *ValueSource]),
+    proposals=st.sampled_from([None, "learned", "copy"]),
+    speculation=st.booleans(),
+    duration=st.integers(0, 10**12),
+)
+def test_C11_descriptors_round_trip_through_the_manifest_with_unknown_durations(
+    kind, batch, depth, width, prompt, ragged, source, proposals, speculation, duration
+):
+    aggregate = batch * width - (1 if ragged and batch * width > 1 else 0)
+    desc = GraphDescriptor(f"g_{kind.value}", kind, batch, depth, width, aggregate, prompt, ragged, source,
+                           proposals, speculation, depth if speculation else 0, duration)
+    raw = yaml.safe_load(yaml.safe_dump(descriptor_to_dict(desc)))
+    assert raw["estimated_duration_ns"] == 0
+    assert descriptor_from_dict(raw) == dataclasses.replace(desc, estimated_duration_ns=0)
+    raw["estimated_duration_ns"] = duration
+    assert descriptor_from_dict(raw).estimated_duration_ns == 0
 
 
 def test_other_format_version_is_refused_naming_both_versions(catalog_dir):
