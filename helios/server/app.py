@@ -41,6 +41,9 @@ from helios.server.streaming import EventStreamResponse, stream_events
 log = logging.getLogger(__name__)
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+# Bodies up to this size are tokenized on the event loop: microseconds of work, where a
+# worker-thread hop costs milliseconds of GIL hand-over on a busy host.
+INLINE_PREPARE_BYTES = 16 * 1024
 CLIENT_CLOSED = 499  # nginx's status for "client closed request": nobody reads it, logs do
 
 
@@ -148,11 +151,14 @@ class _Routes:
         return await self._respond_whole(request, generation, endpoint.shape, header)
 
     async def _admit(self, request: Request, endpoint: Endpoint, clock: DeliveryClock) -> tuple[Generation, PreparedRequest]:
-        body = parse_body(await _read_body(request, self.config.max_body_bytes), endpoint.body_type)
+        raw = await _read_body(request, self.config.max_body_bytes)
+        body = parse_body(raw, endpoint.body_type)
         limits = ModelLimits(self.engine.model_name, self.engine.context_length, self.engine.tokenizer)
         request_id = f"{endpoint.id_prefix}-{uuid.uuid4().hex}"
-        # Tokenizing and rendering a long chat can take milliseconds: keep it off the event loop.
-        prepared = await asyncio.to_thread(endpoint.prepare, body, limits, request_id)
+        if len(raw) <= INLINE_PREPARE_BYTES:
+            prepared = endpoint.prepare(body, limits, request_id)
+        else:  # tokenizing a long prompt takes milliseconds: keep it off the event loop
+            prepared = await asyncio.to_thread(endpoint.prepare, body, limits, request_id)
         generation = Generation(self.engine, prepared.generation, self.server_metrics, endpoint.label, clock)
         try:
             generation.submit()

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fake_engine import EOS, FakeEngine
 from helios.engine_api import EngineStats, ExecutionTotals, FinishReason, SpeculativeTotals
 from helios.engine_api import ChatTemplateError
-from helios.server.app import ServerConfig
+from helios.server.app import INLINE_PREPARE_BYTES, ServerConfig
 from helios.server.chat_template import ChatTemplate
 from helios.server.serve import DrainingServer, uvicorn_server
 
@@ -48,7 +48,9 @@ class Running:
 
 
 def _serve(engine: FakeEngine, config: ServerConfig, grace_s: float = 1.0) -> Iterator[Running]:
-    sock = socket.socket()
+    # proto IPPROTO_TCP, as uvicorn's own sockets have: asyncio sets TCP_NODELAY only then,
+    # and without it every keep-alive response waits ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn_server(engine, config, log_level="warning", grace_s=grace_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -346,6 +348,16 @@ def test_oversized_body_gets_413(served):
         chunked = client.post("/v1/completions", content=iter([json.dumps(body).encode()]))  # no content-length
     for response in (declared, chunked):
         assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+
+def test_large_bodies_are_prepared_in_a_worker_thread_with_the_same_answers(slow):
+    """Bodies over INLINE_PREPARE_BYTES take the worker-thread path; results and errors must not change."""
+    padding = "x" * (INLINE_PREPARE_BYTES + 1)
+    with slow.client() as client:
+        fine = client.post("/v1/completions", json=_completion("ok", padding=padding))
+        too_long = client.post("/v1/completions", json=_completion(padding))
+    assert fine.status_code == 200 and fine.json()["choices"][0]["text"] == "ok"
+    assert too_long.status_code == 400 and str(len(padding)) in too_long.json()["error"]["message"]
 
 
 def test_openai_client_sees_bad_request_and_not_found(served):
