@@ -1,0 +1,270 @@
+"""Helios against every baseline on the fixed workload set: a markdown table and PNG plots.
+
+    python -m scripts.scheduling_sim.report --catalog examples/simulation/catalog.yaml --out reports/sim/
+
+Helios runs through ``helios.simulator.simulate`` itself (the code behind
+``flare simulate``); the baselines run through ``driver.run``, which has the
+same device model. Every workload runs with each seed; the tables show the
+mean over seeds and each figure as a ratio Helios / baseline. ``--quick``
+(one seed, short workloads) is for tests. Plots need matplotlib (the
+``bench`` extra); without it the report writes the tables and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from helios.simulation_files import SimulationFileError, load_catalog
+from helios.simulator import simulate
+from scripts.scheduling_sim.baselines import baseline_specs
+from scripts.scheduling_sim.driver import run
+from scripts.scheduling_sim.metrics import Metrics, Slo, measure
+from scripts.scheduling_sim.shapes import Shapes
+from scripts.scheduling_sim.workloads import QUICK, Scale, build_workloads
+
+HELIOS = "helios"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One reported figure: its header, how to read it from Metrics, and which direction is better."""
+
+    header: str
+    key: str
+    higher_is_better: bool
+
+    def read(self, metrics: Metrics) -> float:
+        value = metrics
+        for part in self.key.split("."):
+            value = getattr(value, part)
+        return float(value)
+
+
+COLUMNS = (
+    Column("req/s", "request_throughput", True),
+    Column("tok/s", "output_throughput", True),
+    Column("TTFT p50 ms", "ttft_ms.median", False),
+    Column("TTFT p99 ms", "ttft_ms.p99", False),
+    Column("ITL p99 ms", "itl_ms.p99", False),
+    Column("goodput req/s", "request_goodput", True),
+    Column("Jain", "jain_fairness_index", True),
+    Column("VTC max diff", "service_difference_max", False),
+    Column("VTC avg diff", "service_difference_mean", False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    catalog: str
+    seed: int
+    scale: Scale
+    workload: str
+    slo: Slo
+
+
+def run_job(job: Job) -> dict[str, Metrics]:
+    """Every scheduler on one workload of one seed."""
+    catalog = load_catalog(job.catalog)
+    shapes = Shapes(catalog)
+    workload = next(w for w in build_workloads(shapes, job.seed, job.scale) if w.name == job.workload)
+    results = {HELIOS: simulate(catalog, workload.trace)}
+    for spec in baseline_specs(shapes):
+        results[spec.name] = run(catalog, workload.trace, spec.build(shapes), workload.clients)
+    windows = {"fairness_window_ms": job.scale.fairness_window_ms, "service_window_ms": job.scale.service_window_ms}
+    return {
+        name: measure(result, workload.trace, workload.clients, job.slo, **windows) for name, result in results.items()
+    }
+
+
+def run_all(catalog: str, seeds: int, scale: Scale, slo: Slo, jobs: int) -> dict[str, dict[str, list[Metrics]]]:
+    """workload -> scheduler -> one Metrics per seed."""
+    names = [w.name for w in build_workloads(Shapes(load_catalog(catalog)), 0, scale)]
+    work = [Job(catalog, seed, scale, name, slo) for seed in range(seeds) for name in names]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            outputs = list(pool.map(run_job, work))
+    else:
+        outputs = [run_job(job) for job in work]
+    table: dict[str, dict[str, list[Metrics]]] = {name: {} for name in names}
+    for job, output in zip(work, outputs):
+        for scheduler, metrics in output.items():
+            table[job.workload].setdefault(scheduler, []).append(metrics)
+    return table
+
+
+def mean_over_seeds(column: Column, runs: list[Metrics]) -> float:
+    values = [column.read(m) for m in runs if not math.isnan(column.read(m))]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _cell(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def _ratio(helios: float, other: float) -> float:
+    return helios / other if other and not (math.isnan(helios) or math.isnan(other)) else math.nan
+
+
+def markdown(table: dict[str, dict[str, list[Metrics]]], command: str, seeds: int) -> str:
+    lines = [
+        "# Helios vs baseline schedulers on the simulator", "",
+        f"`{command}` ({seeds} seed(s); means over seeds).", "",
+        "Ratio tables: Helios / baseline. For req/s, tok/s, goodput and Jain above 1 favours Helios;"
+        " for latencies and VTC service differences below 1 favours Helios.", "",
+    ]
+    for workload, rows in table.items():
+        lines += _workload_tables(workload, rows)
+    lines += _losses(table)
+    return "\n".join(lines) + "\n"
+
+
+def _workload_tables(workload: str, rows: dict[str, list[Metrics]]) -> list[str]:
+    header = "| scheduler | " + " | ".join(c.header for c in COLUMNS) + " |"
+    rule = "|---" * (len(COLUMNS) + 1) + "|"
+    values = {name: [mean_over_seeds(c, runs) for c in COLUMNS] for name, runs in rows.items()}
+    lines = [f"## {workload}", "", header, rule]
+    lines += [f"| {name} | " + " | ".join(_cell(v) for v in vals) + " |" for name, vals in values.items()]
+    lines += ["", f"Helios / baseline on {workload}:", "", header, rule]
+    helios = values[HELIOS]
+    for name, vals in values.items():
+        if name != HELIOS:
+            lines.append(f"| {name} | " + " | ".join(_cell(_ratio(h, v)) for h, v in zip(helios, vals)) + " |")
+    return lines + [""]
+
+
+def _losses(table: dict[str, dict[str, list[Metrics]]]) -> list[str]:
+    """Every workload and figure where some baseline beats Helios by more than 5 %, with the best such baseline."""
+    lines = ["## Where Helios loses (a baseline better by more than 5 %)", ""]
+    for workload, rows in table.items():
+        for column in COLUMNS:
+            helios = mean_over_seeds(column, rows[HELIOS])
+            best = _best_baseline(column, rows)
+            if best is not None and _worse_by(column, helios, best[1]) > 0.05:
+                lines.append(f"- {workload}, {column.header}: Helios {_cell(helios)}, {best[0]} {_cell(best[1])}")
+    return lines + [""] if len(lines) > 2 else lines + ["None.", ""]
+
+
+def _best_baseline(column: Column, rows: dict[str, list[Metrics]]) -> tuple[str, float] | None:
+    scored = [(name, mean_over_seeds(column, runs)) for name, runs in rows.items() if name != HELIOS]
+    scored = [(name, value) for name, value in scored if not math.isnan(value)]
+    if not scored:
+        return None
+    pick = max if column.higher_is_better else min
+    return pick(scored, key=lambda item: item[1])
+
+
+def _worse_by(column: Column, helios: float, other: float) -> float:
+    """How much worse Helios is, as a fraction of the better value (0 when it is not worse)."""
+    if math.isnan(helios) or other == 0:
+        return 0.0
+    gap = (other - helios) if column.higher_is_better else (helios - other)
+    return max(0.0, gap / abs(other))
+
+
+# ---------------------------------------------------------------------------
+# Plots (matplotlib, optional)
+# ---------------------------------------------------------------------------
+
+
+def write_plots(table: dict[str, dict[str, list[Metrics]]], out: Path) -> list[Path]:
+    """One PNG per figure: a panel per workload, a bar per scheduler (Helios highlighted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    written = []
+    for column in COLUMNS:
+        workloads = [w for w, rows in table.items() if not all(math.isnan(mean_over_seeds(column, r)) for r in rows.values())]
+        if not workloads:
+            continue
+        figure, axes = plt.subplots(1, len(workloads), figsize=(3.2 * len(workloads), 4.5), squeeze=False)
+        for axis, workload in zip(axes[0], workloads):
+            _panel(axis, column, workload, table[workload])
+        figure.suptitle(column.header + (" (higher is better)" if column.higher_is_better else " (lower is better)"))
+        figure.tight_layout()
+        path = out / f"{column.key.replace('.', '_')}.png"
+        figure.savefig(path, dpi=90)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def _panel(axis, column: Column, workload: str, rows: dict[str, list[Metrics]]) -> None:
+    names = list(rows)
+    values = [mean_over_seeds(column, rows[name]) for name in names]
+    colours = ["tab:red" if name == HELIOS else "tab:blue" for name in names]
+    axis.barh(names, [0 if math.isnan(v) else v for v in values], color=colours)
+    axis.invert_yaxis()
+    axis.set_title(workload, fontsize=9)
+    axis.tick_params(labelsize=7)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+def parse_slo(items: list[str]) -> Slo:
+    """``ttft:MS tpot:MS e2el:MS`` (any subset), as ``flare bench --goodput`` takes them."""
+    limits = {}
+    for item in items:
+        name, _, value = item.partition(":")
+        if name not in ("ttft", "tpot", "e2el"):
+            raise ValueError(f"--goodput {item!r}: expected ttft:MS, tpot:MS or e2el:MS")
+        try:
+            limits[f"{name}_ms"] = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput {item!r}: {value!r} is not a number of milliseconds") from None
+    return Slo(**limits)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.scheduling_sim.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--catalog", required=True, help="synthetic catalog YAML (docs/simulation.md)")
+    parser.add_argument("--out", required=True, help="folder for report.md, results.json and the PNG plots")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per workload (default 3; --quick uses 1)")
+    parser.add_argument("--quick", action="store_true", help="one seed, short workloads (tests)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--goodput", nargs="*", default=["ttft:250", "tpot:25"], help="SLOs, e.g. ttft:250 tpot:25")
+    args = parser.parse_args(argv)
+    try:
+        slo = parse_slo(args.goodput)
+        load_catalog(args.catalog)
+    except (ValueError, SimulationFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    seeds, scale = (1, QUICK) if args.quick else (args.seeds, Scale())
+    table = run_all(args.catalog, seeds, scale, slo, args.jobs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m scripts.scheduling_sim.report " + " ".join(argv if argv is not None else sys.argv[1:])
+    (out / "report.md").write_text(markdown(table, command, seeds))
+    (out / "results.json").write_text(json.dumps(_json(table), indent=1))
+    print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
+    _plots(table, out)
+    return 0
+
+
+def _plots(table: dict[str, dict[str, list[Metrics]]], out: Path) -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("matplotlib is not installed: wrote the tables only (pip install 'flare[bench]' for the plots)")
+        return
+    for path in write_plots(table, out):
+        print(f"wrote {path}")
+
+
+def _json(table: dict[str, dict[str, list[Metrics]]]) -> dict:
+    return {w: {s: [asdict(m) for m in runs] for s, runs in rows.items()} for w, rows in table.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
