@@ -3,8 +3,9 @@
 API additions beyond DESIGN.md (additive; nothing renamed or removed):
 - ``Scheduler.observe_duration(graph_id_or_key, device_ns)`` feeds one device
   interval through the normal cost path (the simulator's measured catalog).
-- ``Scheduler.now_ns``, ``Scheduler.queued_fences``, ``Scheduler.is_active(h)``
-  and ``Scheduler.request_view(h)`` are read-only conveniences for drivers/tests.
+- ``Scheduler.now_ns``, ``Scheduler.queued_fences``, ``Scheduler.is_active(h)``,
+  ``Scheduler.request_view(h)`` and ``Scheduler.acceptance_of(h)`` are
+  read-only conveniences for drivers/tests.
 - ``Scheduler.seed_acceptance(handle, source, rounds)`` folds (offered, accepted)
   pairs into a request's acceptance history as completed rounds would (S6),
   without aging: a preseeded history (the simulator's ``preseed_acceptance``).
@@ -304,6 +305,10 @@ class Scheduler:
     def is_active(self, handle: RequestHandle) -> bool:
         state = self._lookup(handle)
         return state is not None and state.live
+
+    def acceptance_of(self, handle: RequestHandle) -> RequestAcceptance:
+        """The request's acceptance estimates and forecast (read them; completions change them)."""
+        return self._state(handle).acceptance
 
     def request_view(self, handle: RequestHandle) -> RequestView:
         s = self._state(handle)
