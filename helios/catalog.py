@@ -414,18 +414,20 @@ def _load_module(root: Path, entry: ProgramEntry, compiled: bool) -> Any:
         raise CatalogError(f"{path}: cannot load program {entry.id}: {exc}") from exc
 
 
-def load(path: str | Path) -> Catalog:
+def load(path: str | Path, *, verify_hashes: bool = True) -> Catalog:
     """Open and validate the catalog at ``path``.
 
     Checks the format version, the torch release, that every listed file is
-    present, and the sha256 of every program, weight and tokenizer file.
-    Raises ``CatalogError`` naming the problem and what was expected.
+    present, and (unless ``verify_hashes`` is False, for multi-gigabyte
+    weights already verified once) the sha256 of every program, weight and
+    tokenizer file. Raises ``CatalogError`` naming the problem and what was
+    expected.
     """
     root = Path(path)
     manifest = _read_manifest(root)
     _check_versions(root, manifest)
     for relative, expected in _hashed_files(manifest):
-        _check_file(root, relative, expected)
+        _check_file(root, relative, expected if verify_hashes else None)
     return Catalog(root, manifest)
 
 
@@ -478,10 +480,12 @@ def _hashed_files(manifest: Manifest) -> list[tuple[str, str]]:
     return files
 
 
-def _check_file(root: Path, relative: str, expected: str) -> None:
+def _check_file(root: Path, relative: str, expected: str | None) -> None:
     target = root / relative
     if not target.is_file():
         raise CatalogError(f"{target}: missing from the catalog; recapture it")
+    if expected is None:
+        return
     actual = file_sha256(target)
     if actual != expected:
         raise CatalogError(

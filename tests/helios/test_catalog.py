@@ -135,6 +135,17 @@ def test_modified_weights_are_refused_naming_the_file(catalog_dir):
         load(catalog_dir)
 
 
+def test_skipping_hash_checks_still_requires_every_file(catalog_dir):
+    program = catalog_dir / "programs" / "decode_b4.pt2"
+    program.write_bytes(program.read_bytes() + b"\0")
+    assert load(catalog_dir, verify_hashes=False).descriptors
+    with pytest.raises(CatalogError, match="decode_b4"):
+        load(catalog_dir)
+    program.unlink()
+    with pytest.raises(CatalogError, match=r"decode_b4\.pt2: missing"):
+        load(catalog_dir, verify_hashes=False)
+
+
 def test_missing_tokenizer_file_is_refused(catalog_dir):
     (catalog_dir / "tokenizer" / "tokenizer.json").unlink()
     with pytest.raises(CatalogError, match=r"tokenizer\.json: missing"):
