@@ -86,16 +86,30 @@ def run_all(catalog: str, seeds: int, scale: Scale, slo: Slo, jobs: int) -> dict
     """workload -> scheduler -> one Metrics per seed."""
     names = [w.name for w in build_workloads(Shapes(load_catalog(catalog)), 0, scale)]
     work = [Job(catalog, seed, scale, name, slo) for seed in range(seeds) for name in names]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            outputs = list(pool.map(run_job, work))
-    else:
-        outputs = [run_job(job) for job in work]
     table: dict[str, dict[str, list[Metrics]]] = {name: {} for name in names}
-    for job, output in zip(work, outputs):
-        for scheduler, metrics in output.items():
-            table[job.workload].setdefault(scheduler, []).append(metrics)
+    with ProcessPoolExecutor(jobs) if jobs > 1 else _InProcess() as pool:
+        for index, (job, output) in enumerate(zip(work, pool.map(run_job, work)), start=1):
+            print(f"[{index}/{len(work)}] seed {job.seed} {job.workload}", flush=True)
+            _collect(table[job.workload], output)
     return table
+
+
+def _collect(rows: dict[str, list[Metrics]], output: dict[str, Metrics]) -> None:
+    for scheduler, metrics in output.items():
+        rows.setdefault(scheduler, []).append(metrics)
+
+
+class _InProcess:
+    """``--jobs 1``: the executor interface, run lazily in this process."""
+
+    def __enter__(self) -> _InProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def map(self, fn, items):
+        return map(fn, items)
 
 
 def mean_over_seeds(column: Column, runs: list[Metrics]) -> float:
@@ -184,9 +198,13 @@ def write_plots(table: dict[str, dict[str, list[Metrics]]], out: Path) -> list[P
         workloads = [w for w, rows in table.items() if not all(math.isnan(mean_over_seeds(column, r)) for r in rows.values())]
         if not workloads:
             continue
-        figure, axes = plt.subplots(1, len(workloads), figsize=(3.2 * len(workloads), 4.5), squeeze=False)
-        for axis, workload in zip(axes[0], workloads):
+        columns = min(4, len(workloads))
+        rows = math.ceil(len(workloads) / columns)
+        figure, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 4.2 * rows), squeeze=False)
+        for axis, workload in zip(axes.flat, workloads):
             _panel(axis, column, workload, table[workload])
+        for axis in list(axes.flat)[len(workloads):]:
+            axis.set_visible(False)
         figure.suptitle(column.header + (" (higher is better)" if column.higher_is_better else " (lower is better)"))
         figure.tight_layout()
         path = out / f"{column.key.replace('.', '_')}.png"

@@ -395,3 +395,10 @@ def test_report_plots_one_png_per_figure(tmp_path):
 def test_report_bad_input_is_one_clear_error(argv, message, capsys):
     assert report.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_decode_first_with_no_decoder_runs_the_chunk_on_a_prefill_program():
+    sarathi = DecodeFirst("sarathi", Shapes(tiny_catalog()), FifoQueue(), budget=200)
+    admit_all(sarathi, waiting_prompt("p", 500))
+    frame = sarathi.plan(0)
+    assert frame.graph.kind is GraphKind.PREFILL and frame.lanes[0].prompt_tokens == 200
