@@ -47,7 +47,7 @@ class FinishReason(str, Enum):
 
     STOP = "stop"  # EOS or a stop string
     LENGTH = "length"  # max_tokens or the context limit
-    ABORT = "abort"  # the engine ended it (shutdown drain, frame failure handled as abort)
+    ABORT = "abort"  # the engine ended it early: a shutdown drain ran out of grace
 
 
 @dataclass(frozen=True, slots=True)
