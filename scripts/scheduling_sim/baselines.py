@@ -136,7 +136,8 @@ class DecodeFirst(_Engine):
     def _mixed_frame(self, decoders: list[Stream], prompt: Stream) -> Frame | None:
         """Every decoder, then one chunk of what remains of the budget (None: no room for a chunk)."""
         if not decoders:  # a prompt alone fits a plain prefill program, which is cheaper than a mixed one
-            return self._prefill_frame([(prompt, min(prompt.prompt_left, self.budget, self.shapes.max_prefill_chunk()))])
+            chunk = min(prompt.prompt_left, self.budget, self.shapes.max_prefill_chunk())
+            return self._prefill_frame([(prompt, chunk)])
         room = min(self.budget - len(decoders), self.shapes.max_mixed_chunk(len(decoders)))
         chunk = min(prompt.prompt_left, room)
         if chunk <= 0:

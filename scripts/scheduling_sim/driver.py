@@ -130,6 +130,8 @@ def _emit(stream: Stream, count: int) -> int:
     return count
 
 
-def run(catalog: SyntheticCatalog, trace: Trace, scheduler: Baseline, clients: dict[str, str] | None = None) -> SimulationResult:
+def run(
+    catalog: SyntheticCatalog, trace: Trace, scheduler: Baseline, clients: dict[str, str] | None = None
+) -> SimulationResult:
     """Run ``trace`` on ``catalog`` under ``scheduler``; ``clients`` maps request ids to client names."""
     return Driver(catalog, trace, scheduler, clients or {}).run()

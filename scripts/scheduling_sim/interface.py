@@ -82,7 +82,8 @@ class Frame:
             (any(lane.prompt_tokens > lane.stream.prompt_left for lane in prompts), "a chunk runs past its prompt"),
             (any(not lane.stream.decoding for lane in decoders), "a decode lane's stream is not decoding"),
             (bool(decoders) and graph.kind is GraphKind.PREFILL, "a prefill program has a decode lane"),
-            (bool(prompts) and graph.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE), "a decode program has a prompt lane"),
+            (bool(prompts) and graph.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE),
+             "a decode program has a prompt lane"),
             (graph.kind is GraphKind.MIXED and len(prompts) > 1, "a mixed program has more than one prompt row"),
         ]
         for failed, problem in problems:

@@ -195,7 +195,7 @@ def write_plots(table: dict[str, dict[str, list[Metrics]]], out: Path) -> list[P
 
     written = []
     for column in COLUMNS:
-        workloads = [w for w, rows in table.items() if not all(math.isnan(mean_over_seeds(column, r)) for r in rows.values())]
+        workloads = [w for w, rows in table.items() if _has_values(column, rows)]
         if not workloads:
             continue
         columns = min(4, len(workloads))
@@ -212,6 +212,10 @@ def write_plots(table: dict[str, dict[str, list[Metrics]]], out: Path) -> list[P
         plt.close(figure)
         written.append(path)
     return written
+
+
+def _has_values(column: Column, rows: dict[str, list[Metrics]]) -> bool:
+    return not all(math.isnan(mean_over_seeds(column, runs)) for runs in rows.values())
 
 
 def _panel(axis, column: Column, workload: str, rows: dict[str, list[Metrics]]) -> None:

@@ -9,7 +9,15 @@ import sys
 
 import pytest
 
-from helios.simulation_files import FixedAcceptance, SampledAcceptance, Trace, TraceRequest, load_catalog, load_trace, parse_catalog
+from helios.simulation_files import (
+    FixedAcceptance,
+    SampledAcceptance,
+    Trace,
+    TraceRequest,
+    load_catalog,
+    load_trace,
+    parse_catalog,
+)
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.types import GraphKind
 from helios.simulator import Burst, RequestOutcome, SimulationResult, simulate
@@ -34,7 +42,9 @@ def tiny_catalog(mixed: bool = True, slots: int = 4):
         {"kind": "speculative", "batch_capacity": b, "width": w, "duration_ms": 2.0 + 0.5 * (w - 1) + 0.1 * b}
         for b in (1, 2, 4) for w in (2, 3, 4)
     ]
-    graphs += [{"kind": "prefill", "batch_capacity": 1, "prefill_capacity": t, "duration_ms": 2 + t / 64} for t in (64, 256)]
+    graphs += [
+        {"kind": "prefill", "batch_capacity": 1, "prefill_capacity": t, "duration_ms": 2 + t / 64} for t in (64, 256)
+    ]
     if mixed:
         graphs += [
             {"kind": "mixed", "batch_capacity": b, "prefill_capacity": t, "duration_ms": 3 + t / 64}
@@ -164,7 +174,8 @@ def test_decode_first_keeps_every_running_decoder_in_every_frame_on_the_driver()
 def test_vtc_gives_the_free_slot_to_the_client_with_the_smaller_counter():
     vtc = VirtualTokenCounter()
     waiting: list[Stream] = []
-    heavy1, light, heavy2 = waiting_prompt("h1", 100, "heavy"), waiting_prompt("l", 10, "light"), waiting_prompt("h2", 10, "heavy")
+    heavy1, light = waiting_prompt("h1", 100, "heavy"), waiting_prompt("l", 10, "light")
+    heavy2 = waiting_prompt("h2", 10, "heavy")
     for stream in (heavy1, light, heavy2):
         vtc.enqueue(stream, waiting)
         waiting.append(stream)
@@ -224,7 +235,8 @@ def test_smartspec_on_the_driver_speculates_wider_for_the_high_acceptance_trace(
     for name, survival in (("low", (0.2, 0.04, 0.008)), ("high", (0.95, 0.9, 0.85))):
         requests = [dataclasses.replace(request(f"s{i}", 40, 60, arrival_ms=i), acceptance=SampledAcceptance(survival))
                     for i in range(3)]
-        result = run(catalog, trace(*requests), PrefillFirst("ss", Shapes(catalog), FifoQueue(), GoodputLength(Shapes(catalog))))
+        shapes = Shapes(catalog)
+        result = run(catalog, trace(*requests), PrefillFirst("ss", shapes, FifoQueue(), GoodputLength(shapes)))
         widths = [p.graph.width for p in result.plans if p.graph.kind is not GraphKind.PREFILL]
         mean_width[name] = sum(widths) / len(widths)
     assert mean_width["high"] > mean_width["low"] + 1
@@ -236,7 +248,8 @@ def test_every_baseline_finishes_the_example_trace():
     shapes = Shapes(catalog)
     for spec in baseline_specs(shapes):
         result = run(catalog, example, spec.build(shapes))
-        assert not result.stalled and all(o.tokens == r.max_tokens for o, r in zip(result.requests, _by_arrival(example)))
+        assert not result.stalled
+        assert all(o.tokens == r.max_tokens for o, r in zip(result.requests, _by_arrival(example)))
 
 
 # ---------------------------------------------------------------------------
