@@ -122,6 +122,7 @@ class Explorer:
 
     def _probes(self, decision: Decision, subject) -> list[tuple[ProbeCandidate, RequestHandle]]:
         prices = dict(zip(decision.population.decoders.handle, decision.population.decoders.token_price))
+        by_source: dict[str, list[WidthProgram]] = {}
         out = []
         for lane in decision.winner.lanes:
             price = prices.get(lane.handle, 0.0)
@@ -129,7 +130,9 @@ class Explorer:
                 continue
             request = subject(lane.handle)
             for source, estimates in request.estimates.items():
-                programs = self._programs(source, decision.timings)
+                if source not in by_source:
+                    by_source[source] = self._programs(source, decision.timings)
+                programs = by_source[source]
                 if not programs:
                     continue
                 view = ProbeLane.from_estimates(estimates, self.max_depth, request.room,
@@ -139,9 +142,24 @@ class Explorer:
         return out
 
     def _programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
-        """Measured speculative programs whose rows draw from ``source``."""
-        return [WidthProgram.of(g, timings[i].duration_ns) for i, g in enumerate(self.graphs)
-                if g.kind in GENERATION_KINDS and self.infos[i].source == source and timings[i].known]
+        """Measured speculative programs of ``source``: per draft cap min(W - 1, D), only the best one.
+
+        For one lane, programs with the same cap offer the same depth and add
+        the same prefixes, so the one with the shortest duration has both the
+        higher rate and the higher gain per ms; equal durations go to the
+        smaller geometry (P, then B), as the probe ranking would. Keeping
+        only it changes no outcome and spares ranking every batch size.
+        """
+        best: dict[int, WidthProgram] = {}
+        for i, g in enumerate(self.graphs):
+            if g.kind not in GENERATION_KINDS or self.infos[i].source != source or not timings[i].known:
+                continue
+            program = WidthProgram.of(g, timings[i].duration_ns)
+            cap = min(g.width - 1, g.proposal_depth)
+            held = best.get(cap)
+            if held is None or _order(program) < _order(held):
+                best[cap] = program
+        return list(best.values())
 
     def _ordinary(self, winner: pol.Choice, source: str) -> WidthProgram:
         """The winner as one lane of ``source`` sees it: no drafts of that source if it draws none."""
@@ -166,3 +184,7 @@ class Explorer:
                            expected_tokens=min(float(probe.lane.remaining_output), probe.optimistic_rate
                                                * probe.program.duration_ns / 1e6 / probe.lane.token_value))
         return pol.Choice(graph, (lane,), timing, probe.optimistic_rate, 0.0, None)
+
+
+def _order(program: WidthProgram) -> tuple[int, int, int]:
+    return (program.duration_ns, program.target_rows, program.batch_capacity)
