@@ -1,0 +1,267 @@
+"""The executor: the one place the runtime touches tensors (DESIGN.md, "The data path").
+
+``bind`` turns a ``ScheduledPlan`` into a program's per-frame inputs
+(docs/program-contract.md): the dense lane list becomes rows ``0..len(lanes)-1``
+(padding rows are inactive, ``query_lens = 0``), the prompt row's chunk goes
+into ``prompt_tokens`` from index 0 (the program places it at the row's packed
+offset, the prefix sum of the earlier rows' lengths, spec C14), decode rows
+carry host drafts after their pending token, and every row its own sampling
+parameters and seed. All per-row tensors of a frame are built on the host and
+moved to the device once each: one ``query_lens`` upload per frame.
+
+``Executor.run`` calls the program on the persistent state and turns its
+``tokens``/``num_tokens`` into ``CompletionRecord``s: a prompt row commits its
+whole scheduled chunk and may publish one first token (A13); a decode row
+commits its accepted drafts plus one, cut after an end-of-sequence token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from helios.pages import PageAllocator, PageLayout
+from helios.scheduler import rounds
+from helios.scheduler.types import (
+    CompletionRecord,
+    ExecutionTiming,
+    GraphDescriptor,
+    GraphKind,
+    LanePhase,
+    PlannedLane,
+    ScheduledPlan,
+)
+
+PROMPT_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.MIXED)
+Program = Callable[..., Mapping[str, torch.Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class RowSampling:
+    """One row's sampling inputs; temperature 0 is greedy, top_k 0 and top_p 1 cut nothing."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LaneContext:
+    """What a lane's request contributes beyond the plan: its prompt, drafts and sampling."""
+
+    sampling: RowSampling
+    prompt: tuple[int, ...] = ()  # the whole prompt; a prompt lane uploads its chunk of it
+    drafts: tuple[int, ...] = ()  # proposals following the pending token (decode lanes)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundRow:
+    """How one lane was laid out in the frame."""
+
+    lane: PlannedLane
+    row: int  # index in the dense active lane list
+    query_length: int  # packed tokens the row owns
+    offset: int  # first packed token of the row (prefix sum of earlier lengths)
+    offered: int  # drafts uploaded for verification (decode rows)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundFrame:
+    """A plan bound to host tensors, ready for the device."""
+
+    plan: ScheduledPlan
+    rows: tuple[BoundRow, ...]
+    inputs: Mapping[str, torch.Tensor]  # per-frame inputs by name (no weights, no state)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameResult:
+    records: tuple[CompletionRecord, ...]
+    timing: ExecutionTiming
+
+
+class PageTable:
+    """The host copy of the ``page_table`` input, kept in step with the allocator."""
+
+    def __init__(self, layout: PageLayout) -> None:
+        self.tensor = torch.zeros(layout.request_slots, layout.max_pages_per_slot, dtype=torch.int32)
+
+    def sync(self, allocator: PageAllocator, slot: int) -> None:
+        pages = allocator.slot_pages(slot)
+        self.tensor[slot].zero_()
+        if pages:
+            self.tensor[slot, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+
+    def snapshot(self) -> torch.Tensor:
+        """A frame's own copy: later reservations for queued frames cannot race the running one."""
+        return self.tensor.clone()
+
+
+# ---------------------------------------------------------------------------
+# Binding
+# ---------------------------------------------------------------------------
+
+
+def row_lengths(plan: ScheduledPlan, contexts: Mapping) -> list[int]:
+    """Packed query length per lane; prefix-limit rows are fitted into P by the host here."""
+    graph = plan.graph
+    lengths = [_lane_length(lane, graph, contexts[lane.handle]) for lane in plan.lanes]
+    if rounds.is_prefix_limit(graph):
+        lengths = _fit_rows(lengths, graph.target_rows)
+    return lengths
+
+
+def _lane_length(lane: PlannedLane, graph: GraphDescriptor, context: LaneContext) -> int:
+    if lane.phase is LanePhase.PROMPT:
+        return lane.prompt_tokens
+    if rounds.is_prefix_limit(graph):
+        return max(1, min(lane.ceiling or graph.width, len(context.drafts) + 1))
+    return lane.query_length
+
+
+def _fit_rows(lengths: list[int], budget: int) -> list[int]:
+    """Every row keeps its pending token; extra verification rows go in lane order within P."""
+    budget -= len(lengths)
+    fitted = []
+    for length in lengths:
+        extra = min(length - 1, max(budget, 0))
+        budget -= extra
+        fitted.append(1 + extra)
+    return fitted
+
+
+def bind(plan: ScheduledPlan, contexts: Mapping, page_table: torch.Tensor) -> BoundFrame:
+    """The program inputs for ``plan`` (``contexts`` maps each lane's handle to a ``LaneContext``)."""
+    graph = plan.graph
+    if len(plan.lanes) > graph.batch_capacity:
+        raise ValueError(f"{graph.id}: {len(plan.lanes)} lanes exceed B = {graph.batch_capacity}")
+    lengths = row_lengths(plan, contexts)
+    rows, offset = [], 0
+    for index, (lane, length) in enumerate(zip(plan.lanes, lengths)):
+        offered = length - 1 if lane.phase is LanePhase.DECODE else 0
+        rows.append(BoundRow(lane, index, length, offset, offered))
+        offset += length
+    if offset > graph.max_packed_tokens:
+        raise ValueError(f"{graph.id}: {offset} packed tokens exceed its capacity {graph.max_packed_tokens}")
+    inputs = {"page_table": page_table, **_row_inputs(graph, rows, contexts)}
+    if graph.kind in PROMPT_KINDS:
+        inputs.update(_prompt_inputs(plan, rows, contexts))
+    if graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED):
+        inputs["draft_tokens"] = _draft_tokens(graph, rows, contexts)
+    return BoundFrame(plan, tuple(rows), inputs)
+
+
+def _row_inputs(graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Mapping) -> dict[str, torch.Tensor]:
+    """Slots, lengths and sampling per row; padding rows stay inactive and greedy."""
+    b = graph.batch_capacity
+    slots, lengths = [0] * b, [0] * b
+    temperature, top_k, top_p, seed = [0.0] * b, [0] * b, [1.0] * b, [0] * b
+    for r in rows:
+        s = contexts[r.lane.handle].sampling
+        slots[r.row], lengths[r.row] = r.lane.handle.slot, r.query_length
+        temperature[r.row], top_k[r.row], top_p[r.row], seed[r.row] = s.temperature, s.top_k, s.top_p, s.seed
+    return {
+        "row_slots": torch.tensor(slots, dtype=torch.int32),
+        "query_lens": torch.tensor(lengths, dtype=torch.int32),
+        "temperature": torch.tensor(temperature, dtype=torch.float32),
+        "top_k": torch.tensor(top_k, dtype=torch.int32),
+        "top_p": torch.tensor(top_p, dtype=torch.float32),
+        "seed": torch.tensor(seed, dtype=torch.int64),
+    }
+
+
+def _prompt_inputs(plan: ScheduledPlan, rows: Sequence[BoundRow], contexts: Mapping) -> dict[str, torch.Tensor]:
+    graph = plan.graph
+    prompt_rows = [r for r in rows if r.lane.phase is LanePhase.PROMPT]
+    if len(prompt_rows) > 1:
+        raise ValueError(f"{graph.id}: at most one prompt row per frame (C14), got {len(prompt_rows)}")
+    if graph.kind is not GraphKind.MIXED and len(prompt_rows) != 1:
+        raise ValueError(f"{graph.id}: a {graph.kind.value} frame has exactly one prompt row")
+    if graph.kind is GraphKind.MIXED:
+        expected = prompt_rows[0].row if prompt_rows else None
+        if plan.prefill_row != expected:
+            raise ValueError(f"{graph.id}: plan.prefill_row {plan.prefill_row} but the prompt lane is row {expected}")
+    chunk = torch.zeros(graph.prefill_capacity, dtype=torch.int64)
+    start, final, following = 0, False, 0
+    if prompt_rows:
+        lane = prompt_rows[0].lane
+        prompt = contexts[lane.handle].prompt
+        start, final = lane.prompt_start, lane.finishes_prompt
+        chunk[: lane.prompt_tokens] = torch.tensor(prompt[start:start + lane.prompt_tokens], dtype=torch.int64)
+        following = prompt[start + lane.prompt_tokens] if start + lane.prompt_tokens < len(prompt) else 0
+    inputs = {
+        "prompt_tokens": chunk,
+        "prompt_start": torch.tensor([start], dtype=torch.int32),
+        "prompt_final": torch.tensor([final]),
+    }
+    if graph.kind is GraphKind.MIXED:
+        inputs["prefill_row"] = torch.tensor([-1 if not prompt_rows else prompt_rows[0].row], dtype=torch.int32)
+    if graph.kind is GraphKind.SCORED_PREFILL:
+        inputs["next_prompt_token"] = torch.tensor([following], dtype=torch.int64)
+    return inputs
+
+
+def _draft_tokens(graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Mapping) -> torch.Tensor:
+    drafts = torch.zeros(graph.batch_capacity, max(graph.width - 1, 0), dtype=torch.int64)
+    for r in rows:
+        if r.offered:
+            proposals = contexts[r.lane.handle].drafts[: r.offered]
+            drafts[r.row, : len(proposals)] = torch.tensor(proposals, dtype=torch.int64)
+    return drafts
+
+
+# ---------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------
+
+
+class Executor:
+    """Runs bound frames on the persistent state; returns records and timing.
+
+    ``program_for`` maps a graph id to a callable taking inputs by name and
+    returning outputs by name (``Catalog.program`` in production).
+    """
+
+    def __init__(self, state: Mapping[str, torch.Tensor], program_for: Callable[[str], Program],
+                 eos_ids: frozenset[int], device: torch.device | str = "cpu") -> None:
+        self.state = state
+        self.program_for = program_for
+        self.eos_ids = eos_ids
+        self.device = torch.device(device)
+
+    def run(self, frame: BoundFrame, dispatched_ns: int) -> FrameResult:
+        """Execute ``frame``; wall time counts from ``dispatched_ns`` (``time.monotonic_ns``)."""
+        program = self.program_for(frame.plan.graph.id)
+        inputs = {name: t.to(self.device, non_blocking=True) for name, t in frame.inputs.items()}
+        outputs, device_ns = self._timed_call(program, {**inputs, **self.state})
+        tokens = outputs["tokens"].tolist()
+        counts = outputs["num_tokens"].tolist()
+        records = tuple(self._record(r, tokens[r.row][: counts[r.row]]) for r in frame.rows)
+        wall_ns = max(0, time.monotonic_ns() - dispatched_ns)
+        return FrameResult(records, ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns))
+
+    def _timed_call(self, program: Program, named: dict) -> tuple[Mapping[str, torch.Tensor], int]:
+        """The program's own device interval: CUDA events on a GPU, the call's host interval on CPU."""
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            outputs = program(**named)
+            end.record()
+            end.synchronize()
+            return outputs, int(start.elapsed_time(end) * 1e6)
+        began = time.perf_counter_ns()
+        outputs = program(**named)
+        return outputs, time.perf_counter_ns() - began
+
+    def _record(self, row: BoundRow, tokens: list[int]) -> CompletionRecord:
+        lane = row.lane
+        cut = next((i + 1 for i, t in enumerate(tokens) if t in self.eos_ids), None)
+        committed = tuple(tokens[:cut])
+        if lane.phase is LanePhase.PROMPT:
+            return CompletionRecord(lane.handle, prompt_consumed=lane.prompt_tokens,
+                                    tokens=committed if lane.finishes_prompt else (), terminated=cut is not None)
+        return CompletionRecord(lane.handle, tokens=committed, offered=row.offered, terminated=cut is not None)

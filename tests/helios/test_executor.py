@@ -1,0 +1,141 @@
+"""The executor: plan -> program inputs (C14 packing, sampling rows) and outputs -> records (A13)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helios.executor import Executor, LaneContext, RowSampling, bind, row_lengths
+from helios.scheduler.types import (
+    GraphDescriptor,
+    GraphKind,
+    LanePhase,
+    PlannedLane,
+    RequestHandle,
+    ScheduledPlan,
+    SelectionReason,
+    ValueSource,
+)
+
+MIXED = GraphDescriptor("mixed_b4_w2_p64", GraphKind.MIXED, batch_capacity=4, proposal_depth=1, width=2,
+                        prefill_capacity=64, ragged=True, aggregate=70, value_source=ValueSource.QUERY_LENGTH)
+PREFIX = GraphDescriptor("spec_pl", GraphKind.SPECULATIVE, batch_capacity=4, proposal_depth=3, width=4,
+                         aggregate=8, ragged=True, value_source=ValueSource.PREFIX_LIMIT, proposal_source="learned")
+DECODE = GraphDescriptor("decode_b4", GraphKind.DECODE, batch_capacity=4)
+PROMPT = tuple(range(100, 140))
+
+
+def plan_of(graph, lanes, prefill_row=None):
+    return ScheduledPlan(graph, tuple(lanes), SelectionReason.ORDINARY, 0, 1.0, 0.0, prefill_row=prefill_row)
+
+
+def decode_lane(slot, length=1, ceiling=0):
+    return PlannedLane(RequestHandle(slot, slot + 1), LanePhase.DECODE, query_length=length, ceiling=ceiling)
+
+
+def prompt_lane(slot, start, count, final=True):
+    return PlannedLane(RequestHandle(slot, slot + 1), LanePhase.PROMPT, prompt_start=start, prompt_tokens=count,
+                       finishes_prompt=final)
+
+
+def contexts(lanes, drafts=(7, 8, 9)):
+    out = {}
+    for lane in lanes:
+        sampling = RowSampling(temperature=0.5 + lane.handle.slot, top_k=lane.handle.slot, top_p=0.9,
+                               seed=1000 + lane.handle.slot)
+        out[lane.handle] = LaneContext(sampling, prompt=PROMPT, drafts=drafts)
+    return out
+
+
+def page_table():
+    return torch.zeros(4, 8, dtype=torch.int32)
+
+
+def test_C14_A13_mixed_rows_pack_by_prefix_sums_whatever_their_slots():
+    lanes = [decode_lane(2, 2), prompt_lane(0, 10, 5), decode_lane(3, 2)]
+    frame = bind(plan_of(MIXED, lanes, prefill_row=1), contexts(lanes), page_table())
+    x = frame.inputs
+    assert x["query_lens"].tolist() == [2, 5, 2, 0]  # one upload for every row of the frame
+    assert x["row_slots"].tolist()[:3] == [2, 0, 3]
+    assert [r.offset for r in frame.rows] == [0, 2, 7]  # the prompt row's packed offset
+    assert x["prefill_row"].tolist() == [1]
+    assert x["prompt_tokens"][:5].tolist() == list(PROMPT[10:15]) and not x["prompt_tokens"][5:].any()
+    assert x["prompt_start"].tolist() == [10] and x["prompt_final"].tolist() == [True]
+    assert x["draft_tokens"].tolist() == [[7], [0], [7], [0]]  # prompt and padding rows carry no drafts
+    assert [r.offered for r in frame.rows] == [1, 0, 1]
+
+
+def test_C14_mixed_frame_without_a_prompt_row_says_so():
+    lanes = [decode_lane(1, 2), decode_lane(0, 1)]
+    frame = bind(plan_of(MIXED, lanes), contexts(lanes), page_table())
+    assert frame.inputs["prefill_row"].tolist() == [-1]
+    assert frame.inputs["query_lens"].tolist() == [2, 1, 0, 0]
+
+
+def test_mixed_row_roles_are_validated():
+    lanes = [decode_lane(2, 2), prompt_lane(0, 10, 5)]
+    with pytest.raises(ValueError, match="prefill_row"):
+        bind(plan_of(MIXED, lanes, prefill_row=0), contexts(lanes), page_table())
+    two_prompts = [prompt_lane(0, 0, 3), prompt_lane(1, 0, 3)]
+    with pytest.raises(ValueError, match="at most one prompt row"):
+        bind(plan_of(MIXED, two_prompts, prefill_row=0), contexts(two_prompts), page_table())
+
+
+def test_row_sampling_masks_leave_padding_rows_greedy_and_uncut():
+    lanes = [decode_lane(3), decode_lane(1)]
+    x = bind(plan_of(DECODE, lanes), contexts(lanes), page_table()).inputs
+    assert x["temperature"].tolist() == [3.5, 1.5, 0.0, 0.0]
+    assert x["top_k"].tolist() == [3, 1, 0, 0]
+    assert x["top_p"].tolist() == pytest.approx([0.9, 0.9, 1.0, 1.0])
+    assert x["seed"].tolist() == [1003, 1001, 0, 0]
+    assert "draft_tokens" not in x and "prompt_tokens" not in x
+
+
+def test_S2_prefix_limit_rows_fit_P_keeping_every_pending_token():
+    lanes = [decode_lane(0, ceiling=4), decode_lane(1, ceiling=4), decode_lane(2, ceiling=4)]
+    lengths = row_lengths(plan_of(PREFIX, lanes), contexts(lanes))
+    assert lengths == [4, 3, 1] and sum(lengths) <= PREFIX.target_rows
+    short = contexts(lanes, drafts=(5,))  # a lane offers only the drafts it has
+    assert row_lengths(plan_of(PREFIX, lanes), short) == [2, 2, 2]
+
+
+class FakeProgram:
+    """Returns fixed tokens; records the inputs it was called with."""
+
+    def __init__(self, tokens, counts):
+        self.tokens, self.counts, self.calls = tokens, counts, []
+
+    def __call__(self, **named):
+        self.calls.append(named)
+        return {"tokens": torch.tensor(self.tokens), "num_tokens": torch.tensor(self.counts, dtype=torch.int32)}
+
+
+def test_A13_records_prompt_row_commits_its_chunk_decode_rows_cut_after_eos():
+    eos = 99
+    lanes = [decode_lane(2, 2), prompt_lane(0, 10, 5, final=False), decode_lane(3, 2)]
+    program = FakeProgram([[eos, 4], [0, 0], [5, 6], [0, 0]], [2, 0, 2, 0])
+    state = {"k_cache": torch.zeros(1)}
+    executor = Executor(state, lambda graph_id: program, frozenset({eos}))
+    frame = bind(plan_of(MIXED, lanes, prefill_row=1), contexts(lanes), page_table())
+    result = executor.run(frame, dispatched_ns=0)
+    first, prompt, last = result.records
+    assert first.tokens == (eos,) and first.terminated and first.offered == 1
+    assert prompt.prompt_consumed == 5 and prompt.tokens == () and not prompt.terminated
+    assert last.tokens == (5, 6) and not last.terminated
+    assert program.calls[0]["k_cache"] is state["k_cache"]  # state is passed, not copied
+    assert result.timing.device_ns > 0 and result.timing.wall_ns > 0
+
+
+def test_a_finishing_prompt_row_publishes_its_first_token():
+    lanes = [prompt_lane(1, 0, 40)]
+    graph = GraphDescriptor("prefill_p64", GraphKind.PREFILL, batch_capacity=1, prefill_capacity=64)
+    executor = Executor({}, lambda graph_id: FakeProgram([[42]], [1]), frozenset())
+    record, = executor.run(bind(plan_of(graph, lanes), contexts(lanes), page_table()), 0).records
+    assert record.prompt_consumed == 40 and record.tokens == (42,)
+
+
+def test_a_plan_that_overflows_the_packed_capacity_is_refused():
+    lanes = [prompt_lane(0, 0, 40)]
+    graph = GraphDescriptor("prefill_p32", GraphKind.PREFILL, batch_capacity=1, prefill_capacity=32)
+    with pytest.raises(ValueError, match="packed tokens exceed"):
+        bind(plan_of(graph, lanes), contexts(lanes), page_table())
