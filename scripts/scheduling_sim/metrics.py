@@ -10,7 +10,8 @@ chunk does):
 Per run: request and output-token throughput over the run's duration (first
 arrival to last completion), goodput (requests meeting every given SLO per
 second), mean / median / p90 / p99 of each latency (numpy's linear
-percentiles, as vLLM).
+percentiles, as vLLM), plus the maximum (one long stall hides below the p99
+of thousands of gaps).
 
 Added for the comparison:
 - Jain's fairness index, (sum x)^2 / (n sum x^2), over the output-token rates
@@ -51,14 +52,15 @@ class Distribution:
     median: float
     p90: float
     p99: float
+    max: float  # not in vLLM's set: a single long stall hides below p99 of thousands of gaps
 
     @classmethod
     def of(cls, values: list[float]) -> Distribution:
         if not values:
-            return cls(math.nan, math.nan, math.nan, math.nan)
+            return cls(math.nan, math.nan, math.nan, math.nan, math.nan)
         data = np.asarray(values, dtype=float)
         p50, p90, p99 = np.percentile(data, [50, 90, 99])
-        return cls(float(data.mean()), float(p50), float(p90), float(p99))
+        return cls(float(data.mean()), float(p50), float(p90), float(p99), float(data.max()))
 
 
 @dataclass(frozen=True, slots=True)

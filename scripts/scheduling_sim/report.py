@@ -52,6 +52,7 @@ COLUMNS = (
     Column("TTFT p50 ms", "ttft_ms.median", False),
     Column("TTFT p99 ms", "ttft_ms.p99", False),
     Column("ITL p99 ms", "itl_ms.p99", False),
+    Column("ITL max ms", "itl_ms.max", False),
     Column("goodput req/s", "request_goodput", True),
     Column("Jain", "jain_fairness_index", True),
     Column("VTC max diff", "service_difference_max", False),

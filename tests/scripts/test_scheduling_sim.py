@@ -415,3 +415,10 @@ def test_decode_first_with_no_decoder_runs_the_chunk_on_a_prefill_program():
     admit_all(sarathi, waiting_prompt("p", 500))
     frame = sarathi.plan(0)
     assert frame.graph.kind is GraphKind.PREFILL and frame.lanes[0].prompt_tokens == 200
+
+
+def test_itl_max_catches_one_stall_that_p99_hides():
+    gaps = [(float(t), 1) for t in range(0, 400, 2)] + [(600.0, 1)]  # 199 gaps of 2 ms, one of 202 ms
+    result = SimulationResult((outcome("a", 0, gaps),), (), 600 * MS, False, False)
+    metrics = measure(result, trace(request("a", 10, len(gaps))), {}, Slo())
+    assert metrics.itl_ms.p99 < 10 and metrics.itl_ms.max == 202
