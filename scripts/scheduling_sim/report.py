@@ -24,7 +24,7 @@ from helios.simulation_files import SimulationFileError, load_catalog
 from helios.simulator import simulate
 from scripts.scheduling_sim.baselines import baseline_specs
 from scripts.scheduling_sim.driver import run
-from scripts.scheduling_sim.metrics import Metrics, Slo, measure
+from scripts.scheduling_sim.metrics import Distribution, Metrics, Slo, measure
 from scripts.scheduling_sim.shapes import Shapes
 from scripts.scheduling_sim.workloads import QUICK, Scale, build_workloads
 
@@ -133,10 +133,24 @@ def markdown(table: dict[str, dict[str, list[Metrics]]], command: str, seeds: in
         "Ratio tables: Helios / baseline. For req/s, tok/s, goodput and Jain above 1 favours Helios;"
         " for latencies and VTC service differences below 1 favours Helios.", "",
     ]
+    lines += summary(table)
     for workload, rows in table.items():
         lines += _workload_tables(workload, rows)
     lines += _losses(table)
     return "\n".join(lines) + "\n"
+
+
+def summary(table: dict[str, dict[str, list[Metrics]]]) -> list[str]:
+    """Per workload and figure: Helios's value, then the best baseline's value and name."""
+    lines = ["## Summary: Helios / best baseline (which)", "",
+             "| workload | " + " | ".join(c.header for c in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for workload, rows in table.items():
+        cells = []
+        for column in COLUMNS:
+            helios, best = mean_over_seeds(column, rows[HELIOS]), _best_baseline(column, rows)
+            cells.append("-" if best is None else f"{_cell(helios)} / {_cell(best[1])} ({best[0]})")
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _workload_tables(workload: str, rows: dict[str, list[Metrics]]) -> list[str]:
@@ -250,21 +264,20 @@ def parse_slo(items: list[str]) -> Slo:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.scheduling_sim.report", description=__doc__.split("\n")[0])
-    parser.add_argument("--catalog", required=True, help="synthetic catalog YAML (docs/simulation.md)")
+    parser.add_argument("--catalog", help="synthetic catalog YAML (docs/simulation.md); required unless --from-results")
     parser.add_argument("--out", required=True, help="folder for report.md, results.json and the PNG plots")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per workload (default 3; --quick uses 1)")
     parser.add_argument("--quick", action="store_true", help="one seed, short workloads (tests)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--goodput", nargs="*", default=["ttft:250", "tpot:25"], help="SLOs, e.g. ttft:250 tpot:25")
+    parser.add_argument("--from-results", help="re-render report.md and the plots from an earlier results.json")
     args = parser.parse_args(argv)
     try:
-        slo = parse_slo(args.goodput)
-        load_catalog(args.catalog)
-    except (ValueError, SimulationFileError) as exc:
+        table = _load_or_run(args)
+    except (ValueError, OSError, SimulationFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    seeds, scale = (1, QUICK) if args.quick else (args.seeds, Scale())
-    table = run_all(args.catalog, seeds, scale, slo, args.jobs)
+    seeds = max(len(runs) for rows in table.values() for runs in rows.values())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m scripts.scheduling_sim.report " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -273,6 +286,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
     _plots(table, out)
     return 0
+
+
+def _load_or_run(args: argparse.Namespace) -> dict[str, dict[str, list[Metrics]]]:
+    if args.from_results:
+        return load_results(Path(args.from_results))
+    if not args.catalog:
+        raise ValueError("give --catalog SYNTHETIC_CATALOG.yaml (or --from-results results.json)")
+    slo = parse_slo(args.goodput)
+    load_catalog(args.catalog)  # a bad catalog fails here, with one line, before any worker starts
+    seeds, scale = (1, QUICK) if args.quick else (args.seeds, Scale())
+    return run_all(args.catalog, seeds, scale, slo, args.jobs)
+
+
+def load_results(path: Path) -> dict[str, dict[str, list[Metrics]]]:
+    """The inverse of results.json: workload -> scheduler -> Metrics per seed."""
+    document = json.loads(path.read_text())
+    return {w: {s: [_metrics(m) for m in runs] for s, runs in rows.items()} for w, rows in document.items()}
+
+
+def _metrics(data: dict) -> Metrics:
+    return Metrics(**{k: Distribution(**v) if isinstance(v, dict) else v for k, v in data.items()})
 
 
 def _plots(table: dict[str, dict[str, list[Metrics]]], out: Path) -> None:

@@ -422,3 +422,21 @@ def test_itl_max_catches_one_stall_that_p99_hides():
     result = SimulationResult((outcome("a", 0, gaps),), (), 600 * MS, False, False)
     metrics = measure(result, trace(request("a", 10, len(gaps))), {}, Slo())
     assert metrics.itl_ms.p99 < 10 and metrics.itl_ms.max == 202
+
+
+def test_report_rerenders_from_its_results_json(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    catalog = load_catalog(EXAMPLE_CATALOG)
+    example = _example_trace_without_preseed()
+    helios = measure(simulate(catalog, example), example, {}, Slo())
+    fcfs = measure(run(catalog, example, baseline_specs(Shapes(catalog))[0].build(Shapes(catalog))), example, {}, Slo())
+    table = {"example": {"helios": [helios], "fcfs": [fcfs]}}
+    (tmp_path / "results.json").write_text(json.dumps(report._json(table)))
+    loaded = report.load_results(tmp_path / "results.json")
+    assert loaded["example"]["fcfs"][0].ttft_ms == fcfs.ttft_ms  # Distribution comes back as itself
+    assert loaded["example"]["helios"][0].output_throughput == helios.output_throughput
+    out = tmp_path / "again"
+    assert report.main(["--from-results", str(tmp_path / "results.json"), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    assert "## Summary" in text
+    assert f"{report._cell(helios.output_throughput)} / {report._cell(fcfs.output_throughput)} (fcfs)" in text
