@@ -10,6 +10,7 @@ envelope (``plan`` here, ``capture`` beside it).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -144,6 +145,9 @@ def capture(
     speculative_token_capacity: TokenCapacityOpt = None,
     mixed_prefill: MixedOpt = False,
     compile: CompileOpt = "none",
+    jobs: Annotated[
+        Optional[int], typer.Option("--jobs", help="Worker processes exporting programs in parallel [default: CPU count].")
+    ] = None,
 ) -> None:
     """Capture every planned program into a catalog folder (docs/catalog-format.md)."""
     from ignition.capture.pipeline import CaptureRequest, capture as run_capture
@@ -153,7 +157,8 @@ def capture(
     observer = ProgressObserver(Console(stderr=True))
     with user_errors(ctx):
         try:
-            summary = run_capture(CaptureRequest(recipe, out, model, options, compile), observer)
+            request = CaptureRequest(recipe, out, model, options, compile, jobs or os.cpu_count() or 1)
+            summary = run_capture(request, observer)
         finally:
             observer.close()
     print_capture_summary(Console(), summary)

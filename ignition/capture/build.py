@@ -8,8 +8,10 @@ manifest last, then rename the folder into place.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import shutil
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -58,9 +60,13 @@ def flare_version() -> str:
 
 
 def write_catalog(
-    source: CaptureSource, out: Path, observer: CaptureObserver | None = None, compile: str = "none"
+    source: CaptureSource, out: Path, observer: CaptureObserver | None = None, compile: str = "none", *, jobs: int = 1
 ) -> CaptureSummary:
-    """Capture ``source`` into the catalog folder ``out``, atomically."""
+    """Capture ``source`` into the catalog folder ``out``, atomically.
+
+    ``jobs`` > 1 exports programs in that many worker processes when the source
+    can be rebuilt in one (``CaptureSource.rebuild``); the catalog is the same.
+    """
     observer = observer or CaptureObserver()
     if compile not in COMPILE_MODES:
         raise CaptureError(f"--compile {compile!r} is unknown; use one of {', '.join(COMPILE_MODES)}")
@@ -70,7 +76,7 @@ def write_catalog(
         weights = _write_weights(root, source.weights)
         observer.step("copy tokenizer")
         tokenizer = _copy_tokenizer(root, source)
-        programs = _export_programs(root, source, weights, observer, compile == "aoti")
+        programs = _export_programs(root, source, weights, observer, compile == "aoti", jobs)
         observer.step("write manifest")
         manifest = dataclasses.replace(_manifest(source, weights, tokenizer, programs), compile=compile)
         (root / MANIFEST_NAME).write_text(manifest.dump())
@@ -101,16 +107,52 @@ def _copy_tokenizer(root: Path, source: CaptureSource) -> dict:
 
 
 def _export_programs(
-    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver, aoti: bool
+    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver, aoti: bool,
+    jobs: int = 1,
 ) -> tuple[ProgramEntry, ...]:
     (root / "programs").mkdir()
     observer.step(f"export {len(source.graphs)} programs" + (" and compile them with AOTInductor" if aoti else ""))
     observer.programs_started(len(source.graphs))
+    workers = min(jobs, len(source.graphs)) if source.rebuild is not None else 1
+    if workers > 1:
+        return _export_in_workers(root, source, weights, observer, aoti, workers)
     entries = []
     for descriptor in source.graphs:
         entries.append(_export_one(root, source, weights, descriptor, aoti))
         observer.program_done(descriptor)
     return tuple(entries)
+
+
+# Each worker process rebuilds the source once (weights, builder) and keeps it here.
+_WORKER_SOURCE: CaptureSource | None = None
+
+
+def _worker_start(rebuild) -> None:
+    global _WORKER_SOURCE
+    torch.set_num_threads(1)  # the workers share the cores; one thread each avoids oversubscription
+    _WORKER_SOURCE = rebuild()
+
+
+def _worker_export(root: Path, weights: tuple[WeightSet, ...], descriptor: GraphDescriptor, aoti: bool) -> ProgramEntry:
+    assert _WORKER_SOURCE is not None, "worker used before its source was rebuilt"
+    return _export_one(root, _WORKER_SOURCE, weights, descriptor, aoti)
+
+
+def _export_in_workers(
+    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver, aoti: bool,
+    workers: int,
+) -> tuple[ProgramEntry, ...]:
+    """Export in ``workers`` fresh (spawned) processes; entries come back in plan order."""
+    context = multiprocessing.get_context("spawn")  # never fork a process that has started torch threads
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
+                             initargs=(source.rebuild,)) as pool:
+        futures = {pool.submit(_worker_export, root, weights, d, aoti): d for d in source.graphs}
+        done: dict[str, ProgramEntry] = {}
+        for future in as_completed(futures):
+            descriptor = futures[future]
+            done[descriptor.id] = future.result()
+            observer.program_done(descriptor)
+    return tuple(done[d.id] for d in source.graphs)
 
 
 def _export_one(

@@ -8,6 +8,7 @@ This is the one place capture meets the model code (``ignition.models``):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import shutil
 from collections.abc import Mapping
@@ -42,10 +43,13 @@ class CaptureRequest:
     model: Path | None = None  # --model: a local Hugging Face checkpoint folder
     options: CapacityOptions = CapacityOptions()
     compile: str = "none"
+    jobs: int = 1  # worker processes exporting programs in parallel
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
             raise CaptureError(f"--compile {self.compile!r} is unknown; use one of {', '.join(COMPILE_MODES)}")
+        if self.jobs < 1:
+            raise CaptureError(f"--jobs must be >= 1, got {self.jobs}")
 
 
 def capture(request: CaptureRequest, observer: CaptureObserver | None = None) -> CaptureSummary:
@@ -54,7 +58,7 @@ def capture(request: CaptureRequest, observer: CaptureObserver | None = None) ->
     recipe, plan = preflight(request)
     observer.step(f"load checkpoint {_reference(recipe.checkpoint_folder(request.model))}")
     source = model_source(recipe, plan, request.model)
-    return write_catalog(source, request.out, observer, request.compile)
+    return write_catalog(source, request.out, observer, request.compile, jobs=request.jobs)
 
 
 def preflight(request: CaptureRequest) -> tuple[Recipe, CapacityPlan]:
@@ -100,6 +104,7 @@ def model_source(recipe: Recipe, plan: CapacityPlan, model: Path | None = None) 
         weights=weights,
         graphs=plan.graphs,
         build=lambda desc: build_program(desc, target.config, layout, target.weights),
+        rebuild=functools.partial(model_source, recipe, plan, model),
     )
 
 

@@ -34,3 +34,6 @@ class CaptureSource:
     weights: Mapping[str, Mapping[str, torch.Tensor]]  # weight set name -> tensors, in key order
     graphs: tuple[GraphDescriptor, ...]
     build: Callable[[GraphDescriptor], ProgramSpecLike]
+    # A picklable factory that recreates this source in another process, so
+    # programs can be exported in parallel worker processes; None: serial only.
+    rebuild: Callable[[], "CaptureSource"] | None = None

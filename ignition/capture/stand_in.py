@@ -9,6 +9,8 @@ runtime ever runs.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -116,4 +118,5 @@ def stand_in_source(
         weights={"target": weights},
         graphs=graphs,
         build=lambda desc: build_stand_in(desc, weights),
+        rebuild=functools.partial(stand_in_source, tokenizer_file, graphs, seed),
     )

@@ -48,6 +48,15 @@ def test_same_source_gives_the_same_manifest_and_files(tmp_path, tokenizer):
     assert all((first / f).read_bytes() == (second / f).read_bytes() for f in files)
 
 
+def test_parallel_export_writes_the_same_catalog_as_serial(tmp_path, tokenizer):
+    """--jobs only changes who exports: every file matches a serial capture byte for byte."""
+    serial = write_catalog(stand_in_source(tokenizer), tmp_path / "serial").path
+    parallel = write_catalog(stand_in_source(tokenizer), tmp_path / "parallel", jobs=2).path
+    files = sorted(str(p.relative_to(serial)) for p in serial.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(parallel)) for p in parallel.rglob("*") if p.is_file())
+    assert [f for f in files if (serial / f).read_bytes() != (parallel / f).read_bytes()] == []
+
+
 def test_C11_manifest_writes_zero_durations_and_no_timestamps(tmp_path, tokenizer):
     graphs = tuple(dataclasses.replace(g, estimated_duration_ns=99) for g in stand_in_source(tokenizer).graphs)
     root = write_catalog(stand_in_source(tokenizer, graphs), tmp_path / "c").path
