@@ -17,6 +17,8 @@ from dataclasses import replace
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sched_harness import MS, Driver, Executed, ask, decode, measured, prefill, spec
 
 from helios.scheduler import (
@@ -29,7 +31,10 @@ from helios.scheduler import (
     SelectionReason,
     ValueSource,
 )
+from helios.scheduler import policy as pol
 from helios.scheduler import rounds
+from helios.scheduler.explore import Explorer
+from helios.scheduler.learning import ProbeLane, WidthProgram, best_probe
 from helios.scheduler.speculation import POPULATION_STEP
 
 SCALE_CI = os.environ.get("FLARE_TEST_SCALE") == "ci"
@@ -425,3 +430,28 @@ def test_D9_execution_counters_split_time_by_reason():
         assert counters[reason.value].executions == len(frames)
         assert counters[reason.value].nanoseconds == round(sum(e.end_ms - e.start_ms for e in frames) * MS)
     assert counters["acceptance_learning"].executions > 0
+
+
+# ---------------------------------------------------------------------------
+# The explorer's program shortlist changes no probe decision
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=40 if SCALE_CI else 200, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.integers(2, 6), st.integers(3, 12)), min_size=1, max_size=12),
+    means=st.lists(st.floats(0, 1), min_size=5, max_size=5),
+    weights=st.lists(st.floats(0, 128), min_size=5, max_size=5),
+    remaining=st.integers(0, 10),
+)
+def test_D8_shortlist_of_fastest_program_per_draft_cap_picks_the_same_probe(shapes, means, weights, remaining):
+    graphs = [decode(1)] + [spec(b, w) for b, w, _ in dict(((b, w), (b, w, ms)) for b, w, ms in shapes).values()]
+    durations = [5] + [ms for _, _, ms in dict(((b, w), (b, w, ms)) for b, w, ms in shapes).values()]
+    timings = [pol.GraphTiming(int(ms * MS), True) for ms in durations]
+    explorer = Explorer(graphs, pol.describe(graphs), max_depth=5, alpha=1.0, fixed_width=False)
+    everything = [WidthProgram.of(g, t.duration_ns) for g, t in zip(graphs[1:], timings[1:])]
+    lane = ProbeLane(tuple(means), tuple(weights), remaining, WidthProgram.of(graphs[0], 5 * MS))
+    full, short = best_probe([lane], everything), best_probe([lane], explorer._programs("learned", timings))
+    assert (full is None) == (short is None)
+    if full is not None:
+        assert (full.program.key, full.gain_per_ms) == (short.program.key, short.gain_per_ms)
