@@ -19,7 +19,7 @@ API additions beyond DESIGN.md (additive; nothing renamed or removed):
   never runs acceptance probes (D8). ``execution_counters()`` gives D9's
   executions and nanoseconds per selection reason.
 
-Funded exploration (docs/exploration.md, "Hooks"): ordinary completions earn
+Funded exploration (docs/exploration.md, last section): ordinary completions earn
 credit; with full credit and an empty queue, ``plan`` may replace its measured
 winner by a stale alternative (timing refresh) or an acceptance probe
 (``explore.py``); commit opens the episode, completion closes it. The device
