@@ -6,7 +6,9 @@ Two small pieces the engine runs per request, in the control thread:
   Byte-level tokenizers split multi-byte characters across tokens; decoding
   only a window of recent tokens and holding text back while it ends in an
   incomplete character (U+FFFD) keeps the cost per token constant and never
-  emits a broken character that a later token would repair.
+  emits a broken character that a later token would repair. Bytes that no
+  later token can complete (a model emitting invalid UTF-8) are released as
+  U+FFFD once a character's longest byte span has passed.
 - ``StopBuffer`` applies stop strings. Text that could still grow into a stop
   string is held back until it cannot; once a stop string appears, the text
   before it is released and the stop string itself never is.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 REPLACEMENT = "\ufffd"
+MAX_CHARACTER_TOKENS = 4  # a UTF-8 character spans at most 4 bytes, so at most 4 byte-level tokens
 
 
 class Decodes(Protocol):
@@ -38,8 +41,9 @@ class IncrementalDecoder:
         self._ids.extend(token_ids)
         before = self._tokenizer.decode(self._ids[self._prefix:self._read])
         after = self._tokenizer.decode(self._ids[self._prefix:])
-        if len(after) <= len(before) or after.endswith(REPLACEMENT):
-            return ""  # nothing new yet, or a character still incomplete
+        incomplete = after.endswith(REPLACEMENT) and len(self._ids) - self._read < MAX_CHARACTER_TOKENS
+        if len(after) <= len(before) or incomplete:
+            return ""  # nothing new yet, or a character that a later token may still complete
         self._prefix, self._read = self._read, len(self._ids)
         return after[len(before):]
 

@@ -22,6 +22,13 @@ def test_multibyte_characters_split_across_tokens_are_never_emitted_broken():
     assert pieces[1] == ""  # the first byte of ñ alone is incomplete
 
 
+def test_invalid_bytes_are_released_once_no_later_token_could_complete_them():
+    decoder = IncrementalDecoder(Bytes())
+    pieces = [decoder.add([0xE7]) for _ in range(8)]  # lead bytes that never get their continuation
+    assert "".join(pieces).count("\ufffd") >= 4  # not held to the end of the output
+    assert "".join(pieces) + decoder.flush() == "\ufffd" * 8
+
+
 def test_special_tokens_add_no_text():
     decoder = IncrementalDecoder(Bytes())
     assert decoder.add(list(b"hi")) == "hi"

@@ -1,0 +1,568 @@
+"""The engine: the loop of DESIGN.md behind ``helios.engine_api.Engine``.
+
+Three threads (docs/runtime.md):
+
+- the asyncio event loop (the server's) calls ``submit``/``cancel``/``stats``
+  and reads each request's delta queue; it never touches the scheduler;
+- the *control thread* owns the scheduler, the page allocator and every
+  request's state. It sleeps on one event queue (submissions, cancellations,
+  finished frames, drain) and after each event runs the loop:
+  admit waiting requests -> ``advance_to`` -> ``plan`` -> reserve pages ->
+  bind -> ``commit`` -> hand the frame to the worker, until the scheduler
+  returns no plan (both frame slots full, or feedback needed);
+- the *device worker* runs frames in fence order and posts each result back.
+
+A finished frame is ``complete``d, its tokens detokenized and published, and
+each visible publication reported with ``published_output`` before the next
+event is taken (spec A4). Decode programs keep their pending tokens in device
+state, so the scheduler may commit a second decode frame while the first runs;
+the worker simply finds it queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from helios.catalog import Catalog
+from helios.detokenize import OutputText
+from helios.engine_api import (
+    EngineStats,
+    EngineUnavailable,
+    ExecutionTotals,
+    FinishReason,
+    GenerationFailed,
+    GenerationRequest,
+    RequestRejected,
+    SpeculativeTotals,
+    TextDelta,
+)
+from helios.executor import Executor, FrameResult, LaneContext, PageTable, Program, RowSampling, bind
+from helios.pages import PageAllocator, PageLayout
+from helios.scheduler import Scheduler, rounds
+from helios.scheduler.config import PolicyConfig
+from helios.scheduler.core import lane_output_bound
+from helios.scheduler.types import (
+    AdmitRequest,
+    ExecutionTiming,
+    GeneratedToken,
+    GraphKind,
+    LanePhase,
+    PlannedLane,
+    RequestHandle,
+    ScheduledPlan,
+)
+from helios.server.tokenizer import CheckpointTokenizer
+
+log = logging.getLogger(__name__)
+
+SPECULATION_MODES = ("off", "fixed", "adaptive")
+EOS_SPELLINGS = ("<|im_end|>", "<|endoftext|>")
+LOOKUP_NGRAMS = (3, 2, 1)  # prompt lookup tries the longest suffix first
+CANCELLED = object()  # ends a cancelled request's delta iterator without a finish reason
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How the engine runs a catalog; ``flare run`` builds one from its flags."""
+
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    speculation: str = "adaptive"  # off: plain decode only; fixed: no acceptance probes (D8)
+    threads: int | None = None  # torch intra-op threads; None: every core
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.speculation not in SPECULATION_MODES:
+            raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, got {self.speculation!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+
+# ---------------------------------------------------------------------------
+# One request, as the engine keeps it
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Live:
+    """Everything the engine knows about one request (one object; no parallel maps)."""
+
+    request: GenerationRequest
+    sampling: RowSampling
+    text: OutputText
+    deliver: Callable[[TextDelta | Exception], None]
+    handle: RequestHandle | None = None
+    output: list[int] = field(default_factory=list)  # committed output tokens
+    unreported: list[int] = field(default_factory=list)  # token ids not yet carried by a delta
+    inflight: int = 0  # submitted frames naming it
+    queued_bound: int = 0  # most output tokens those frames may still commit (A11)
+    done: bool = False  # its last delta (or failure) was delivered
+
+    @property
+    def positions_claimed(self) -> int:
+        return len(self.request.prompt_token_ids) + self.request.max_tokens
+
+    def history(self) -> list[int]:
+        return [*self.request.prompt_token_ids, *self.output]
+
+
+def prompt_lookup(history: Sequence[int], count: int) -> tuple[int, ...]:
+    """Copy proposals: what followed the latest earlier occurrence of the history's last n-gram.
+
+    Always ``count`` tokens long (repeating the last known token where the
+    lookup runs short): verification makes any draft safe, and a full row
+    keeps the scheduler's query length exact.
+    """
+    if count <= 0 or not history:
+        return ()
+    found: list[int] = []
+    for n in LOOKUP_NGRAMS:
+        if len(history) <= n:
+            continue
+        tail = list(history[-n:])
+        for start in range(len(history) - n - 1, -1, -1):
+            if list(history[start:start + n]) == tail:
+                found = list(history[start + n:start + n + count])
+                break
+        if found:
+            break
+    filler = found[-1] if found else history[-1]
+    return tuple(found + [filler] * (count - len(found)))
+
+
+# ---------------------------------------------------------------------------
+# Control-thread events
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    live: Live
+
+
+@dataclass(frozen=True, slots=True)
+class _Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    fence: int
+    plan: ScheduledPlan
+    result: FrameResult | None
+    error: BaseException | None
+    dispatched_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class _AbortAll:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    pass
+
+
+@dataclass(slots=True)
+class _Counters:
+    """Cumulative figures for ``stats()``; written by the control thread under the lock."""
+
+    executions: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    speculative: SpeculativeTotals = field(default_factory=SpeculativeTotals)
+    frames: int = 0
+    queued_commits: int = 0  # frames committed while another was still in flight
+    host_ns: int = 0  # control-thread time in plan/commit/complete/publish
+    device_ns: int = 0
+
+
+# ---------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------
+
+
+class HeliosEngine:
+    """Serves one catalog (implements ``helios.engine_api.Engine``)."""
+
+    def __init__(self, catalog: Catalog, config: EngineConfig = EngineConfig(),
+                 program_for: Callable[[str], Program] | None = None) -> None:
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)  # intra-op threads of every program call
+        self.catalog = catalog
+        self.config = config
+        self.model_name = str(catalog.manifest.recipe.get("name", catalog.path.name))
+        self.tokenizer = CheckpointTokenizer.from_folder(catalog.tokenizer_path)
+        self._eos = self._eos_ids()
+        layout = catalog.state.layout
+        self.pages = PageAllocator(PageLayout(layout["request_slots"], layout["page_size"],
+                                              layout["num_pages"], layout["max_pages_per_slot"]))
+        self._page_table = PageTable(self.pages.layout)
+        graphs = self._graphs()
+        self._max_width = max((g.width for g in graphs), default=1)
+        self.context_length = min(int(catalog.envelope.extra.get("context_length", 1 << 30)),
+                                  self.pages.layout.slot_capacity)
+        self.scheduler = Scheduler(graphs, request_slots=layout["request_slots"], policy=config.policy,
+                                   speculation="fixed" if config.speculation == "off" else config.speculation)
+        self._sources = tuple(sorted({g.proposal_source for g in graphs if rounds.draws_proposals(g)}))
+        state = catalog.state.allocate(config.device)
+        self.executor = Executor(state, program_for or catalog.program, self._eos, config.device)
+        self._events: queue.Queue = queue.Queue()
+        self._work: queue.Queue = queue.Queue()
+        self._waiting: collections.deque[Live] = collections.deque()
+        self._by_slot: dict[int, Live] = {}
+        self._by_id: dict[str, Live] = {}
+        self._fence = 0
+        self._lock = threading.Lock()
+        self._counters = _Counters()
+        self._accepting = True
+        self._threads: list[threading.Thread] = []
+
+    def _eos_ids(self) -> frozenset[int]:
+        from tokenizers import Tokenizer
+
+        raw = Tokenizer.from_file(str(self.catalog.tokenizer_path / "tokenizer.json"))
+        return frozenset(i for i in (raw.token_to_id(s) for s in EOS_SPELLINGS) if i is not None)
+
+    def _graphs(self):
+        graphs = self.catalog.descriptors
+        if self.config.speculation == "off":
+            graphs = tuple(g for g in graphs if g.proposal_source is None)
+        return graphs
+
+    # -- lifecycle (event loop) ----------------------------------------------
+
+    async def start(self) -> None:
+        self._spawn()
+
+    def _spawn(self) -> None:
+        if self._threads:
+            return
+        self._threads = [threading.Thread(target=self._control_loop, name="helios-control", daemon=True),
+                         threading.Thread(target=self._device_loop, name="helios-device", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Stop both threads (blocking); requests still running get no further output."""
+        if not self._threads:
+            return
+        self._events.put(_Stop())
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+
+    def warm_up(self) -> None:
+        """Load every program and call it once with all rows inactive (which mutates nothing)."""
+        for graph in self.scheduler.graphs:
+            entry = self.catalog.entry(graph.id)
+            inputs = {a.name: torch.zeros(a.shape, dtype=getattr(torch, a.dtype))
+                      for a in entry.inputs if a.weights is None and not a.mutated}
+            if "prefill_row" in inputs:
+                inputs["prefill_row"].fill_(-1)
+            program = self.executor.program_for(graph.id)
+            program(**{name: t.to(self.executor.device) for name, t in inputs.items()}, **self.executor.state)
+
+    def begin_drain(self, grace_s: float) -> None:
+        self._accepting = False
+        asyncio.get_running_loop().call_later(grace_s, self._events.put, _AbortAll())
+
+    # -- requests (event loop) -------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
+        if not self._accepting:
+            raise EngineUnavailable("the server is shutting down and admits no new requests")
+        self._check_fits(request)
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue = asyncio.Queue()
+        s = request.sampling
+        sampling = RowSampling(s.temperature, s.top_k or 0, s.top_p,
+                               s.seed if s.seed is not None else random.getrandbits(62))
+        live = Live(request, sampling, OutputText(self.tokenizer, request.stop), _deliverer(loop, deltas))
+        self._events.put(_Submitted(live))
+        return self._relay(request.request_id, deltas)
+
+    def _check_fits(self, request: GenerationRequest) -> None:
+        prompt = len(request.prompt_token_ids)
+        if prompt >= self.context_length:
+            raise RequestRejected(f"the prompt has {prompt} tokens but the context holds {self.context_length} "
+                                  "including at least one output token", "prompt")
+        claim = self.pages.claim_size(prompt + request.max_tokens + self._max_width)
+        if claim > self.pages.layout.num_pages:
+            raise RequestRejected(f"the request needs {claim} KV pages but the cache has "
+                                  f"{self.pages.layout.num_pages}; lower max_tokens", "max_tokens")
+
+    async def _relay(self, request_id: str, deltas: asyncio.Queue) -> AsyncIterator[TextDelta]:
+        finished = False
+        try:
+            while True:
+                item = await deltas.get()
+                if item is CANCELLED:
+                    finished = True
+                    return
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.cancel(request_id)
+
+    def cancel(self, request_id: str) -> None:
+        self._events.put(_Cancel(request_id))
+
+    # -- stats (any thread) -----------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            counters = self._counters
+            executions = tuple(ExecutionTotals(kind, reason, n, ns)
+                               for (kind, reason), (n, ns) in sorted(counters.executions.items()))
+            return EngineStats(
+                requests_running=sum(1 for live in self._by_slot.values() if not live.done),
+                requests_waiting=len(self._waiting),
+                kv_pages_used=self.pages.used,
+                kv_pages_free=self.pages.free,
+                executions=executions,
+                speculative=counters.speculative,
+                accepting=self._accepting,
+            )
+
+    def frame_counters(self) -> _Counters:
+        """A copy of the frame counters (tests and benchmarks)."""
+        with self._lock:
+            return replace(self._counters, executions=dict(self._counters.executions))
+
+    # -- control thread -----------------------------------------------------
+
+    def _control_loop(self) -> None:
+        while True:
+            batch = [self._events.get()]
+            while not self._events.empty():
+                batch.append(self._events.get())
+            began = time.perf_counter_ns()
+            with self._lock:
+                for event in batch:
+                    if isinstance(event, _Stop):
+                        self._work.put(None)
+                        return
+                    self._handle(event)
+                self._admit_waiting()
+                self._fill_frames()
+                self._counters.host_ns += time.perf_counter_ns() - began
+
+    def _handle(self, event) -> None:
+        if isinstance(event, _Submitted):
+            self._by_id[event.live.request.request_id] = event.live
+            self._waiting.append(event.live)
+        elif isinstance(event, _Cancel):
+            self._cancel(event.request_id)
+        elif isinstance(event, _Finished):
+            self._finish_frame(event)
+        elif isinstance(event, _AbortAll):
+            for live in [*self._waiting, *self._by_slot.values()]:
+                self._end(live, TextDelta("", tuple(live.unreported), FinishReason.ABORT))
+
+    def _cancel(self, request_id: str) -> None:
+        live = self._by_id.get(request_id)
+        if live is None or live.done:
+            return
+        live.done = True
+        live.deliver(CANCELLED)
+        self._retire(live)
+
+    def _end(self, live: Live, last: TextDelta | Exception) -> None:
+        """Deliver the request's last item and stop scheduling it."""
+        if live.done:
+            return
+        live.done = True
+        live.deliver(last)
+        self._retire(live)
+
+    def _retire(self, live: Live) -> None:
+        """Stop selection now (A6); pages and slot are released after its last frame completes."""
+        if live.handle is None:
+            self._waiting.remove(live)
+            self._by_id.pop(live.request.request_id, None)
+            return
+        if self.scheduler.is_active(live.handle):
+            self.scheduler.cancel(live.handle)
+        self._release_if_idle(live)
+
+    def _release_if_idle(self, live: Live) -> None:
+        if live.done and live.inflight == 0 and self._by_slot.get(live.handle.slot) is live:
+            del self._by_slot[live.handle.slot]
+            self._by_id.pop(live.request.request_id, None)
+            self.pages.release(live.handle.slot)
+            self._page_table.sync(self.pages, live.handle.slot)
+
+    def _admit_waiting(self) -> None:
+        """FIFO admission while a slot and a page claim are free (waiting, never a crash)."""
+        while self._waiting and len(self._by_slot) < self.scheduler.request_slots:
+            live = self._waiting[0]
+            positions = live.positions_claimed + self._max_width
+            if not self.pages.can_claim(positions):
+                return
+            self._waiting.popleft()
+            live.handle = self.scheduler.admit(self._admission(live.request))
+            self.pages.claim(live.handle.slot, positions)
+            self._by_slot[live.handle.slot] = live
+
+    def _admission(self, request: GenerationRequest) -> AdmitRequest:
+        speculate = self.config.speculation != "off"
+        return AdmitRequest(
+            prompt_tokens=len(request.prompt_token_ids), max_tokens=request.max_tokens,
+            context_limit=self.context_length, endpoints=request.endpoints,
+            proposal_sources=self._sources if speculate else (), greedy=request.sampling.greedy,
+        )
+
+    def _fill_frames(self) -> None:
+        """Plan and submit until the scheduler says no (both slots full, or feedback needed)."""
+        while True:
+            self.scheduler.advance_to(time.monotonic_ns())
+            plan = self.scheduler.plan()
+            if plan is None:
+                return
+            self._submit(plan)
+
+    def _submit(self, plan: ScheduledPlan) -> None:
+        contexts = {}
+        for lane in plan.lanes:
+            live = self._by_slot[lane.handle.slot]
+            contexts[lane.handle] = self._lane_context(live, lane, plan)
+            if self.pages.reserve(lane.handle.slot, self._lane_extent(live, lane, plan)):
+                self._page_table.sync(self.pages, lane.handle.slot)
+        frame = bind(plan, contexts, self._page_table.snapshot())
+        self._fence += 1
+        queued_behind = bool(self.scheduler.queued_fences)
+        self.scheduler.commit(plan, self._fence)
+        for lane in plan.lanes:
+            live = self._by_slot[lane.handle.slot]
+            live.inflight += 1
+            live.queued_bound += lane_output_bound(lane, plan.graph)
+        self._counters.queued_commits += queued_behind
+        self._work.put((self._fence, frame, time.monotonic_ns()))
+
+    def _lane_context(self, live: Live, lane: PlannedLane, plan: ScheduledPlan) -> LaneContext:
+        if lane.phase is LanePhase.PROMPT:
+            return LaneContext(live.sampling, prompt=live.request.prompt_token_ids)
+        width = max(lane.query_length, lane.ceiling) if plan.graph.width > 1 else 1
+        return LaneContext(live.sampling, drafts=prompt_lookup(live.history(), width - 1))
+
+    def _lane_extent(self, live: Live, lane: PlannedLane, plan: ScheduledPlan) -> int:
+        """Cache positions the lane may write in this frame: its chunk, or its widest verification (A13)."""
+        if lane.phase is LanePhase.PROMPT:
+            return lane.prompt_start + lane.prompt_tokens
+        written = len(live.request.prompt_token_ids) + len(live.output) + live.queued_bound
+        return written + max(lane.query_length, lane.ceiling, self._max_width)
+
+    # -- completion and publication (control thread) ---------------------------
+
+    def _finish_frame(self, event: _Finished) -> None:
+        plan = event.plan
+        self.scheduler.advance_to(time.monotonic_ns())
+        if event.error is not None:
+            records, timing = (), ExecutionTiming(0, max(0, time.monotonic_ns() - event.dispatched_ns))
+            self._fail_frame(plan, event.error)
+        else:
+            records, timing = event.result.records, event.result.timing
+        if rounds.is_prefix_limit(plan.graph):
+            generated = self.scheduler.complete_packed_round(event.fence, records, timing, None)
+        else:
+            generated = self.scheduler.complete(event.fence, records, timing)
+        self._count(plan, records, timing)
+        for lane in plan.lanes:
+            live = self._by_slot[lane.handle.slot]
+            live.inflight -= 1
+            live.queued_bound -= lane_output_bound(lane, plan.graph)
+        for token in generated:
+            self._publish(self._by_slot[token.handle.slot], token)
+        for lane in plan.lanes:
+            live = self._by_slot.get(lane.handle.slot)
+            if live is not None and live.handle == lane.handle:
+                self._release_if_idle(live)
+
+    def _fail_frame(self, plan: ScheduledPlan, error: BaseException) -> None:
+        """A program raised: fail the requests of this frame only; the rest keep being served."""
+        log.error("program %s failed; failing the %d requests of its frame", plan.graph.id, len(plan.lanes),
+                  exc_info=error)
+        for lane in plan.lanes:
+            live = self._by_slot[lane.handle.slot]
+            self._end(live, GenerationFailed(f"program {plan.graph.id} failed: {error}"))
+
+    def _publish(self, live: Live, token: GeneratedToken) -> None:
+        """Detokenize, apply stops, deliver, and report visible output (A4) before the next completion."""
+        if live.done:
+            return
+        live.output.extend(token.tokens)
+        live.unreported.extend(token.tokens)
+        released = live.text.add(token.tokens)
+        text, reason = released.text, FinishReason.STOP if released.stopped else None
+        if reason is None and token.finished:
+            tail = live.text.finish()
+            text += tail.text
+            reason = FinishReason.STOP if tail.stopped or token.finish_reason == "stop" else FinishReason.LENGTH
+        if not text and reason is None:
+            return  # held back: no visible output yet, so no delivery is reported
+        delta = TextDelta(text, tuple(live.unreported), reason)
+        live.unreported.clear()
+        if text:
+            self.scheduler.published_output(live.handle, token.fence)
+        if reason is None:
+            live.deliver(delta)
+        else:
+            self._end(live, delta)
+
+    def _count(self, plan: ScheduledPlan, records, timing: ExecutionTiming) -> None:
+        c = self._counters
+        totals = c.executions.setdefault((plan.graph.kind.value, plan.reason.value), [0, 0])
+        totals[0] += 1
+        totals[1] += timing.device_ns
+        c.frames += 1
+        c.device_ns += timing.device_ns
+        if plan.graph.kind is GraphKind.SPECULATIVE and plan.graph.width > 1:
+            s = c.speculative
+            decode = [r for r in records if not r.prompt_consumed]
+            c.speculative = SpeculativeTotals(
+                s.lane_rounds + len(decode), s.draft_tokens + sum(r.offered for r in decode),
+                s.accepted_tokens + sum(min(r.offered, len(r.tokens) - 1) for r in decode),
+                s.emitted_tokens + sum(len(r.tokens) for r in decode))
+
+    # -- device worker -------------------------------------------------------------
+
+    def _device_loop(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            fence, frame, dispatched_ns = item
+            try:
+                result, error = self.executor.run(frame, dispatched_ns), None
+            except Exception as exc:  # one program's failure must not stop the server
+                result, error = None, exc
+            self._events.put(_Finished(fence, frame.plan, result, error, dispatched_ns))
+
+
+def _deliverer(loop: asyncio.AbstractEventLoop, deltas: asyncio.Queue) -> Callable[[TextDelta | Exception], None]:
+    """Hands an item to the request's queue on its event loop (from the control thread)."""
+    def deliver(item: TextDelta | Exception) -> None:
+        try:
+            loop.call_soon_threadsafe(deltas.put_nowait, item)
+        except RuntimeError:
+            pass  # the loop closed: nobody is listening any more
+    return deliver

@@ -1,0 +1,354 @@
+"""The engine's phases without HTTP: admit, plan, commit, two frame slots, complete, publish.
+
+Runs a small slice of the bundled catalog (``tiny_catalog``). Most engines
+here call eager twins of the catalog's programs (the loaded modules equal
+them bitwise, tests/ignition/test_capture.py, and load in milliseconds
+instead of seconds); the greedy reference test runs the loaded programs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+
+import pytest
+import torch
+
+from helios.catalog import load
+from helios.engine import EngineConfig, HeliosEngine, prompt_lookup
+from helios.engine_api import (
+    EngineUnavailable,
+    FinishReason,
+    GenerationFailed,
+    GenerationRequest,
+    RequestRejected,
+    SamplingParams,
+)
+from tiny_catalog import cache_folder, eager_programs, tiny_catalog_path
+
+CI = os.environ.get("FLARE_TEST_SCALE") == "ci"
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="session")
+def catalog(request, tmp_path_factory):
+    return load(tiny_catalog_path(cache_folder(request.config, tmp_path_factory)))
+
+
+@pytest.fixture(scope="session")
+def eager(catalog):
+    return eager_programs(catalog)
+
+
+def make_engine(catalog, eager, speculation="off", program_for=None) -> HeliosEngine:
+    return HeliosEngine(catalog, EngineConfig(speculation=speculation, threads=1), program_for=program_for or eager)
+
+
+def prompt_ids(engine, text: str) -> tuple[int, ...]:
+    return tuple(engine.tokenizer.encode(text, add_special_tokens=True))
+
+
+def request(engine, rid, text, max_tokens=12, sampling=GREEDY, stop=()):
+    return GenerationRequest(rid, prompt_ids(engine, text), max_tokens, sampling, tuple(stop))
+
+
+async def collect(engine, req):
+    """(text, token ids, finish reason, deltas) of one request."""
+    deltas = [d async for d in engine.submit(req)]
+    ids = [t for d in deltas for t in d.token_ids]
+    return "".join(d.text for d in deltas), ids, deltas[-1].finish_reason, deltas
+
+
+def serve(engine, body):
+    """Run ``body(engine)`` inside a started engine and stop it afterwards."""
+    async def main():
+        await engine.start()
+        try:
+            return await asyncio.wait_for(body(engine), 120)
+        finally:
+            await engine.stop()
+    return asyncio.run(main())
+
+
+def wait_idle(engine, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s.requests_running == 0 and s.requests_waiting == 0 and s.kv_pages_used == 0:
+            return s
+        time.sleep(0.01)
+    raise AssertionError(f"engine not idle: {engine.stats()}")
+
+
+# ---------------------------------------------------------------------------
+# Reference: the loaded programs called by hand, prefill then decode
+# ---------------------------------------------------------------------------
+
+
+def greedy_by_hand(catalog, prompt: tuple[int, ...], count: int) -> list[int]:
+    """Slot 0 owns pages 0..M-1; prefill_p64 the whole prompt, then decode_b1 ``count - 1`` times."""
+    state = catalog.state.allocate()
+    layout = catalog.state.layout
+    table = torch.zeros(layout["request_slots"], layout["max_pages_per_slot"], dtype=torch.int32)
+    table[0] = torch.arange(layout["max_pages_per_slot"], dtype=torch.int32)
+    row = {"page_table": table, "row_slots": torch.tensor([0], dtype=torch.int32),
+           "query_lens": torch.tensor([1], dtype=torch.int32), "temperature": torch.tensor([0.0]),
+           "top_k": torch.tensor([0], dtype=torch.int32), "top_p": torch.tensor([1.0]),
+           "seed": torch.tensor([0])}
+    chunk = torch.zeros(64, dtype=torch.int64)
+    chunk[: len(prompt)] = torch.tensor(prompt)
+    prompt_row = {**row, "query_lens": torch.tensor([len(prompt)], dtype=torch.int32)}
+    out = catalog.program("prefill_p64")(**state, **prompt_row, prompt_tokens=chunk, prompt_start=torch.tensor([0], dtype=torch.int32),
+                                         prompt_final=torch.tensor([True]))
+    tokens = [int(out["tokens"][0, 0])]
+    decode = catalog.program("decode_b1")
+    while len(tokens) < count:
+        tokens.append(int(decode(**state, **row)["tokens"][0, 0]))
+    return tokens
+
+
+def test_greedy_output_through_the_engine_equals_prefill_then_decode_of_the_loaded_programs(catalog, eager):
+    engine = make_engine(catalog, eager)
+    req = request(engine, "g", "The quick brown fox", max_tokens=16)
+    _, ids, reason, _ = serve(engine, lambda e: collect(e, req))
+    expected = greedy_by_hand(catalog, req.prompt_token_ids, 16)
+    cut = next((i + 1 for i, t in enumerate(expected) if t in engine.executor.eos_ids), len(expected))
+    assert ids == expected[:cut]
+    assert reason is (FinishReason.LENGTH if cut == 16 else FinishReason.STOP)
+
+
+def test_S1_speculative_rounds_with_copy_drafts_commit_what_plain_decoding_would(catalog, eager):
+    texts = ["abcabcabcabc abc", "one two one two one", "zzzzzzzz"]
+
+    async def body(engine):
+        return await asyncio.gather(*(collect(engine, request(engine, f"s{i}", t, 20)) for i, t in enumerate(texts)))
+
+    plain = serve(make_engine(catalog, eager, "off"), body)
+    speculative_engine = make_engine(catalog, eager, "adaptive")
+    speculative = serve(speculative_engine, body)
+    assert [r[1] for r in speculative] == [r[1] for r in plain]
+    stats = speculative_engine.stats()
+    assert stats.speculative.lane_rounds > 0 and stats.speculative.draft_tokens > 0
+    assert any(e.graph_kind == "speculative" for e in stats.executions)
+
+
+def test_prompt_lookup_copies_what_followed_the_last_ngram():
+    assert prompt_lookup([1, 2, 3, 9, 1, 2, 3], 2) == (9, 1)
+    assert prompt_lookup([5, 6, 7], 3) == (7, 7, 7)  # nothing to copy: repeat the last token
+    assert prompt_lookup([4, 8, 4], 2) == (8, 4)
+
+
+# ---------------------------------------------------------------------------
+# Publication, frame slots, FIFO admission
+# ---------------------------------------------------------------------------
+
+
+def test_A4_A7_publication_precedes_the_next_completion_and_a_second_decode_frame_is_queued(catalog, eager):
+    engine = make_engine(catalog, eager)
+    calls: list[tuple[str, int]] = []
+    scheduler = engine.scheduler
+    complete, published, commit = scheduler.complete, scheduler.published_output, scheduler.commit
+    queued_kinds = []
+
+    def traced_commit(plan, fence):
+        if scheduler.queued_fences:
+            queued_kinds.append(plan.graph.kind.value)
+        return commit(plan, fence)
+
+    scheduler.complete = lambda fence, *a: (calls.append(("complete", fence)), complete(fence, *a))[1]
+    scheduler.published_output = lambda h, fence: (calls.append(("published", fence)), published(h, fence))[1]
+    scheduler.commit = traced_commit
+    texts = [f"stream number {i} says" for i in range(6)]  # 6 requests, 4 slots: two wait in the FIFO
+
+    async def body(engine):
+        return await asyncio.gather(*(collect(engine, request(engine, f"p{i}", t, 24)) for i, t in enumerate(texts)))
+
+    async def body_then_idle(engine):
+        results = await body(engine)
+        await asyncio.to_thread(wait_idle, engine)
+        return results
+
+    results = serve(engine, body_then_idle)
+    for _, ids, reason, deltas in results:
+        assert [d.finish_reason for d in deltas[:-1]] == [None] * (len(deltas) - 1)
+        assert reason is FinishReason.LENGTH and len(ids) == 24 or reason is FinishReason.STOP
+    completed = [f for kind, f in calls if kind == "complete"]
+    assert completed == sorted(completed)
+    for i, (kind, fence) in enumerate(calls):
+        if kind == "published":
+            last_completed = max(f for k, f in calls[:i] if k == "complete")
+            assert fence == last_completed, "a publication is reported before the next completion (A4)"
+    assert queued_kinds and set(queued_kinds) <= {"decode", "speculative"}, "only generation frames queue (A7)"
+    assert engine.frame_counters().queued_commits == len(queued_kinds)
+    engine.pages.assert_no_leaks()
+
+
+def test_A6_cancellation_frees_pages_after_the_last_fence_no_leaks_after_50_random_cancels(catalog, eager):
+    rng = random.Random(5)
+    count = 20 if CI else 50
+    engine = make_engine(catalog, eager)
+    engine.warm_up()  # first calls are slow: cancels should find streams in every phase
+
+    async def one(i):
+        stream = engine.submit(request(engine, f"c{i}", f"cancel me {i} " * rng.randint(1, 12), rng.randint(2, 40)))
+        await asyncio.sleep(rng.random() * 0.4)
+        engine.cancel(f"c{i}")
+        return [d async for d in stream]
+
+    async def body(engine):
+        results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+        assert not [r for r in results if isinstance(r, Exception)]
+        assert any(results) and not all(results), "some cancels hit running streams, some waiting ones"
+        assert all(d.finish_reason is not FinishReason.ABORT for r in results for d in r)
+        return await asyncio.to_thread(wait_idle, engine)
+
+    stats = serve(engine, body)
+    assert stats.kv_pages_used == 0 and stats.kv_pages_free == engine.pages.layout.num_pages
+    engine.pages.assert_no_leaks()
+    assert engine.pages.owners == ()
+    assert not any(engine.scheduler.is_active(live.handle) for live in engine._by_slot.values())
+
+
+# ---------------------------------------------------------------------------
+# Stops, limits, sampling
+# ---------------------------------------------------------------------------
+
+
+def test_stop_string_split_across_tokens_is_never_delivered(catalog, eager):
+    sampling = SamplingParams(temperature=1.0, seed=1234)
+    engine = make_engine(catalog, eager)
+
+    async def body(engine):
+        free = await collect(engine, request(engine, "free", "Tell me a story", 30, sampling))
+        tokens = free[1]
+        pieces = [engine.tokenizer.decode([t]) for t in tokens]
+        # a stop string that starts inside one token and ends inside a later one
+        start = next(i for i in range(2, len(pieces) - 2) if pieces[i] and pieces[i + 1])
+        before = "".join(pieces[:start])
+        stop = pieces[start][-1] + pieces[start + 1]
+        stopped = await collect(engine, request(engine, "stop", "Tell me a story", 30, sampling, [stop]))
+        return free, stopped, stop
+
+    free, stopped, stop = serve(engine, body)
+    text, _, reason, deltas = stopped
+    assert reason is FinishReason.STOP
+    assert text == free[0][: free[0].find(stop)]
+    assert all(stop not in d.text for d in deltas) and stop not in text
+
+
+def test_max_tokens_eos_and_context_limit_end_a_request(catalog, eager):
+    engine = make_engine(catalog, eager)
+    engine.context_length = 40
+
+    async def body(engine):
+        limited = await collect(engine, request(engine, "m", "count to ten", 5))
+        free = await collect(engine, request(engine, "f", "count to ten", 12))
+        engine.executor.eos_ids = frozenset({free[1][3]})  # pretend the 4th token is an end of sequence
+        eos = await collect(engine, request(engine, "e", "count to ten", 12))
+        engine.executor.eos_ids = frozenset()
+        long_prompt = tuple(range(60, 97))  # 37 tokens: 3 fit before the context limit of 40
+        context = await collect(engine, GenerationRequest("c", long_prompt, 30, GREEDY))
+        return limited, free, eos, context
+
+    limited, free, eos, context = serve(engine, body)
+    assert len(limited[1]) == 5 and limited[2] is FinishReason.LENGTH
+    first_eos = free[1].index(free[1][3]) + 1
+    assert eos[1] == free[1][:first_eos] and eos[2] is FinishReason.STOP
+    assert len(context[1]) == 3 and context[2] is FinishReason.LENGTH
+
+
+def test_a_prompt_beyond_the_context_is_refused_at_submit(catalog, eager):
+    engine = make_engine(catalog, eager)
+
+    async def body(engine):
+        with pytest.raises(RequestRejected, match="context"):
+            engine.submit(GenerationRequest("long", (5,) * engine.context_length, 4, GREEDY))
+
+    serve(engine, body)
+
+
+def test_seeded_sampling_reproduces_across_different_concurrency(catalog, eager):
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=77)
+
+    async def alone(engine):
+        return await collect(engine, request(engine, "x", "Once upon a time", 20, sampling))
+
+    async def crowded(engine):
+        others = [collect(engine, request(engine, f"o{i}", f"noise {i} " * (i + 1), 25,
+                                          SamplingParams(temperature=1.0))) for i in range(3)]
+        results = await asyncio.gather(alone(engine), *others)
+        return results[0]
+
+    first = serve(make_engine(catalog, eager), alone)
+    second = serve(make_engine(catalog, eager, "adaptive"), crowded)
+    assert first[1] == second[1]
+
+
+# ---------------------------------------------------------------------------
+# Failures and drain
+# ---------------------------------------------------------------------------
+
+
+POISON = 254  # a byte token only the poisoned prompt contains
+
+
+def test_a_raising_program_fails_only_its_frames_requests(catalog, eager):
+    def program_for(graph_id):
+        program = eager(graph_id)
+
+        def maybe_raise(**named):
+            if "prompt_tokens" in named and (named["prompt_tokens"] == POISON).any():
+                raise RuntimeError("injected failure")
+            return program(**named)
+        return maybe_raise
+
+    engine = make_engine(catalog, eager, program_for=program_for)
+
+    async def body(engine):
+        healthy = [collect(engine, request(engine, f"h{i}", f"healthy request {i}", 16)) for i in range(3)]
+        poisoned = collect(engine, GenerationRequest("bad", (10, 11, POISON, 12), 16, GREEDY))
+        results = await asyncio.gather(poisoned, *healthy, return_exceptions=True)
+        after = await collect(engine, request(engine, "after", "still serving", 6))
+        await asyncio.to_thread(wait_idle, engine)
+        return results, after
+
+    results, after = serve(engine, body)
+    assert isinstance(results[0], GenerationFailed) and "injected failure" in str(results[0])
+    assert all(not isinstance(r, Exception) and r[2] is not None for r in results[1:])
+    assert len(after[1]) == 6
+    engine.pages.assert_no_leaks()
+
+
+def test_drain_refuses_new_work_and_aborts_what_outlives_the_grace(catalog, eager):
+    engine = make_engine(catalog, eager)
+
+    async def body(engine):
+        stream = engine.submit(request(engine, "long", "a long answer", 3000))
+        first = await stream.__anext__()
+        engine.begin_drain(0.05)
+        with pytest.raises(EngineUnavailable):
+            engine.submit(request(engine, "late", "too late", 4))
+        rest = [d async for d in stream]
+        return first, rest, await asyncio.to_thread(wait_idle, engine)
+
+    first, rest, idle = serve(engine, body)
+    assert rest[-1].finish_reason is FinishReason.ABORT
+    assert not idle.accepting
+    engine.pages.assert_no_leaks()
+
+
+def test_warm_up_calls_every_program_with_inactive_rows_and_mutates_nothing(catalog, eager):
+    called = []
+
+    def program_for(graph_id):
+        called.append(graph_id)
+        return eager(graph_id)
+
+    engine = make_engine(catalog, eager, "adaptive", program_for=program_for)
+    for tensor in engine.executor.state.values():
+        tensor.fill_(3)
+    engine.warm_up()
+    assert sorted(called) == sorted(g.id for g in catalog.descriptors)
+    assert all(bool((t == 3).all()) for t in engine.executor.state.values())

@@ -1,0 +1,95 @@
+"""A small slice of the bundled catalog, captured once, and eager twins of its programs.
+
+Capturing the whole bundled catalog takes minutes on two cores; the engine
+needs only a few shapes to exercise every phase. The folder lives in pytest's
+cache, named by a hash of everything that shapes a captured program (model
+and capture code, custom ops, bundled weights, torch release), so the engine
+tests and the ``flare run`` test share one capture across runs, and any change
+to those sources captures afresh (under a file lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import functools
+import hashlib
+from pathlib import Path
+
+import torch
+
+PROGRAMS = ("prefill_p64", "prefill_p256", "decode_b1", "decode_b2", "decode_b4", "spec_b2_d1_w2_p4")
+REPO = Path(__file__).resolve().parents[2]
+SOURCES = ("ignition/models", "ignition/capture", "ignition/capacity", "ignition/recipes", "helios/ops",
+           "helios/catalog.py")
+
+
+def source_digest() -> str:
+    digest = hashlib.sha256(torch.__version__.encode() + repr(PROGRAMS).encode())
+    for root in SOURCES:
+        path = REPO / root
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if file.is_file() and file.suffix in (".py", ".yaml", ".json", ".safetensors"):
+                digest.update(file.relative_to(REPO).as_posix().encode() + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_folder(config, tmp_path_factory) -> Path:
+    """pytest's cache folder for this slice (the session's temp folder when caching is off)."""
+    name = f"flare-tiny-slice-{source_digest()}"
+    cache = getattr(config, "cache", None)
+    return cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
+
+
+def tiny_catalog_path(base: Path) -> Path:
+    """Capture (once) the bundled model with only ``PROGRAMS``; returns the catalog folder."""
+    from ignition.capacity import plan_capacity
+    from ignition.capture import write_catalog
+    from ignition.capture.pipeline import model_source
+    from ignition.recipes import load_recipe
+
+    folder = base / "catalog"
+    with open(base / "capture.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "catalog.yaml").is_file():
+            recipe = load_recipe("flare-tiny").resolve()
+            plan = plan_capacity(recipe)
+            graphs = tuple(g for g in plan.graphs if g.id in PROGRAMS)
+            source = dataclasses.replace(model_source(recipe, plan), graphs=graphs)
+            write_catalog(source, folder)
+    return folder
+
+
+@functools.cache
+def _checkpoint():
+    from ignition.models.checkpoint import load_checkpoint
+    from ignition.recipes import load_recipe
+
+    return load_checkpoint(load_recipe("flare-tiny").resolve().checkpoint_folder())
+
+
+def eager_programs(catalog):
+    """``program_for`` over eager modules of the catalog's programs (same weights, same layout)."""
+    from ignition.models.programs import StateLayout, build_program
+
+    checkpoint = _checkpoint()
+    layout_fields = catalog.state.layout
+    layout = StateLayout(layout_fields["request_slots"], layout_fields["page_size"], layout_fields["num_pages"],
+                         layout_fields["max_pages_per_slot"])
+    built = {}
+
+    def program_for(program_id: str):
+        if program_id not in built:
+            spec = build_program(catalog.entry(program_id).descriptor, checkpoint.config, layout, checkpoint.weights)
+            built[program_id] = _named(spec, checkpoint.weights)
+        return built[program_id]
+
+    return program_for
+
+
+def _named(spec, weights):
+    def call(**named):
+        named = {"weights": weights, **named}
+        outputs = spec.module(*(named[n] for n in spec.input_names))
+        return dict(zip(spec.output_names, outputs, strict=True))
+    return call
