@@ -31,6 +31,35 @@ def _flare() -> None:
 
 
 @app.command()
+def run(
+    catalog: Optional[Path] = typer.Argument(None, help="Catalog folder; none serves the bundled default (captured on first use)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless told otherwise)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    policy: str = typer.Option("balanced", "--scheduler-policy", help="balanced | throughput."),
+    terminal_value: Optional[float] = typer.Option(None, "--scheduler-terminal-value", help="Finite, >= 0 (0 disables)."),
+    terminal_age_price: Optional[float] = typer.Option(None, "--scheduler-terminal-age-price", help="Finite, >= 0."),
+    alpha: Optional[float] = typer.Option(None, "--mtp-adaptive-verification-alpha", help="Finite, > 0."),
+    speculation: str = typer.Option("adaptive", "--speculation", help="off | fixed | adaptive."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this bearer token (or set FLARE_API_KEY)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads [default: every core]."),
+) -> None:
+    """Serve a catalog over an OpenAI-compatible HTTP API (docs/cli.md, docs/runtime.md)."""
+    import logging
+
+    from helios.catalog import CatalogError
+    from helios.launch import LaunchError, RunOptions, run as serve_catalog
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        options = RunOptions(catalog, host, port, policy, terminal_value, terminal_age_price, alpha, speculation,
+                             api_key, threads)
+        serve_catalog(options)
+    except (LaunchError, CatalogError) as exc:
+        stderr.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(BAD_INPUT) from None
+
+
+@app.command()
 def simulate(
     catalog: Path = typer.Argument(..., help="Synthetic catalog YAML (docs/simulation.md)."),
     trace: Path = typer.Argument(..., help="Trace YAML: policy, seed and requests (docs/simulation.md)."),

@@ -254,6 +254,7 @@ class HeliosEngine:
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.shutdown)
+        log.info("engine stopped after %d frames", self._counters.frames)
 
     def shutdown(self) -> None:
         """Stop both threads (blocking); requests still running get no further output."""
@@ -276,6 +277,7 @@ class HeliosEngine:
             program(**{name: t.to(self.executor.device) for name, t in inputs.items()}, **self.executor.state)
 
     def begin_drain(self, grace_s: float) -> None:
+        log.info("draining: no new requests; running ones have %.1f s to finish", grace_s)
         self._accepting = False
         asyncio.get_running_loop().call_later(grace_s, self._events.put, _AbortAll())
 

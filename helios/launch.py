@@ -1,0 +1,167 @@
+"""``flare run``'s startup: a short sequence of named, logged steps (STYLE.md 7).
+
+1. find the catalog (with none given: the bundled default, captured once into
+   a per-user cache folder under a file lock; the only runtime path that
+   imports ``ignition``, lazily);
+2. load and validate it;
+3. allocate the persistent state and build the engine (scheduler, pages);
+4. warm up: load every program and call it once with all rows inactive;
+5. serve over HTTP until SIGTERM/SIGINT, then drain.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from helios.catalog import Catalog, load
+from helios.engine import SPECULATION_MODES, EngineConfig, HeliosEngine
+from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
+
+log = logging.getLogger("flare.run")
+
+DEFAULT_RECIPE = "flare-tiny"
+
+
+class LaunchError(ValueError):
+    """A flag or catalog ``flare run`` cannot use; the message says what would be right."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """``flare run``'s flags, validated at construction."""
+
+    catalog: Path | None = None  # None: the bundled default
+    host: str = "127.0.0.1"
+    port: int = 8000
+    policy: str = "balanced"
+    terminal_value: float | None = None
+    terminal_age_price: float | None = None
+    alpha: float | None = None
+    speculation: str = "adaptive"
+    api_key: str | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_PRESETS:
+            raise LaunchError(f"--scheduler-policy {self.policy!r} is unknown; use one of {', '.join(POLICY_PRESETS)}")
+        for flag, value in (("--scheduler-terminal-value", self.terminal_value),
+                            ("--scheduler-terminal-age-price", self.terminal_age_price)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise LaunchError(f"{flag} must be a finite number >= 0 (0 disables it), got {value}")
+        if self.alpha is not None and not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise LaunchError(f"--mtp-adaptive-verification-alpha must be a finite number > 0, got {self.alpha}")
+        if self.speculation not in SPECULATION_MODES:
+            raise LaunchError(f"--speculation {self.speculation!r} is unknown; use one of {', '.join(SPECULATION_MODES)}")
+        if self.threads is not None and self.threads < 1:
+            raise LaunchError(f"--threads must be >= 1, got {self.threads}")
+        if not 0 <= self.port <= 65535:
+            raise LaunchError(f"--port must be in 0..65535, got {self.port}")
+
+    def policy_config(self) -> PolicyConfig:
+        return PolicyConfig.preset(self.policy, terminal_value=self.terminal_value,
+                                   terminal_age_price=self.terminal_age_price,
+                                   adaptive_verification_alpha=self.alpha)
+
+    def engine_config(self, catalog: Catalog) -> EngineConfig:
+        """Threads default to every core: the device worker's program calls are the hot path."""
+        threads = self.threads or os.cpu_count() or 1
+        return EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]))
+
+
+# ---------------------------------------------------------------------------
+# Steps
+# ---------------------------------------------------------------------------
+
+
+def prepare_engine(options: RunOptions) -> HeliosEngine:
+    """Steps 1-4: the engine ready to serve (each step logged with its duration)."""
+    folder = options.catalog or bundled_catalog()
+    catalog = _step(f"load catalog {folder}", lambda: _load(folder))
+    engine = _step("allocate state and build the engine", lambda: HeliosEngine(catalog, options.engine_config(catalog)))
+    log.info("torch threads: %d intra-op (--threads)", torch.get_num_threads())
+    _step(f"warm up {len(engine.scheduler.graphs)} programs", engine.warm_up)
+    return engine
+
+
+def run(options: RunOptions) -> None:
+    """``flare run``: prepare the engine, then serve until told to stop."""
+    from helios.server.app import ServerConfig
+    from helios.server.serve import uvicorn_server
+
+    engine = prepare_engine(options)
+    api_key = options.api_key or os.environ.get("FLARE_API_KEY") or None
+    server = uvicorn_server(engine, ServerConfig(api_key=api_key), options.host, options.port, log_level="warning")
+    log.info("ready on http://%s:%d (model %s)", options.host, options.port, engine.model_name)
+    server.run()
+
+
+def _step(name: str, action):
+    began = time.monotonic()
+    log.info("%s ...", name)
+    result = action()
+    log.info("%s: done in %.1f s", name, time.monotonic() - began)
+    return result
+
+
+def _load(folder: Path) -> Catalog:
+    try:
+        return load(folder)
+    except FileNotFoundError as exc:
+        raise LaunchError(f"{folder}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------
+# The bundled default catalog
+# ---------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "flare" / "catalogs"
+
+
+def bundled_catalog(root: Path | None = None) -> Path:
+    """The bundled model's catalog, captured on first use; concurrent starts capture it once."""
+    from ignition.capture.pipeline import PACKAGE_ROOT
+
+    root = root or cache_root()
+    folder = root / f"{DEFAULT_RECIPE}-{_bundle_digest(PACKAGE_ROOT)}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second server waits here, then finds the catalog written
+        if not (folder / "catalog.yaml").is_file():
+            _capture_bundled(folder)
+    return folder
+
+
+def _bundle_digest(package_root: Path) -> str:
+    """Names the cache folder by what shapes the catalog: recipe, bundled weights, torch release."""
+    digest = hashlib.sha256(torch.__version__.split("+")[0].encode())
+    for path in sorted([package_root / "recipes" / f"{DEFAULT_RECIPE}.yaml",
+                        *(package_root / "models" / "bundled" / DEFAULT_RECIPE).rglob("*")]):
+        if path.is_file():
+            digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _capture_bundled(folder: Path) -> None:
+    from rich.console import Console
+
+    from ignition.capture.pipeline import CaptureRequest, capture
+    from ignition.capture.render import ProgressObserver
+
+    log.info("capturing the bundled model into %s (first run only)", folder)
+    observer = ProgressObserver(Console(stderr=True))
+    try:
+        capture(CaptureRequest(DEFAULT_RECIPE, folder, jobs=os.cpu_count() or 1), observer)
+    finally:
+        observer.close()

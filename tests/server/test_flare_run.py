@@ -1,0 +1,165 @@
+"""``flare run`` end to end: a real server process on loopback over a captured slice of the bundled catalog.
+
+The catalog is the cached capture of ``tests/helios/tiny_catalog.py`` (a few
+programs of the bundled model), so the server's warm-up loads seconds of
+programs rather than minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from helios import launch
+from helios.launch import LaunchError, RunOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
+from tiny_catalog import cache_folder, tiny_catalog_path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+FLARE = [sys.executable, "-m", "helios.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory):
+    catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("flare-run") / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([*FLARE, "run", str(catalog), "--port", str(port), "--threads", "1"],
+                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, process, log_path)
+        yield base, process, log_path
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+
+
+def _wait_ready(base: str, process: subprocess.Popen, log_path: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"flare run exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"flare run not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus sample's values over series matching ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(rf"^{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def test_flare_run_serves_completions_and_chat_streamed_and_not_and_metrics_move(server):
+    base, _, _ = server
+    before = httpx.get(f"{base}/metrics").text
+    with httpx.Client(base_url=base, timeout=60.0) as client:
+        plain = client.post("/v1/completions", json={"model": "flare-tiny", "prompt": "Hello there", "max_tokens": 8,
+                                                     "temperature": 0}).json()
+        chunks = []
+        with client.stream("POST", "/v1/chat/completions", json={
+            "model": "flare-tiny", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 10,
+            "stream": True, "stream_options": {"include_usage": True},
+        }) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[len("data: "):]))
+        models = client.get("/v1/models").json()
+    after = httpx.get(f"{base}/metrics").text
+
+    assert plain["object"] == "text_completion" and plain["choices"][0]["finish_reason"] in ("length", "stop")
+    assert 1 <= plain["usage"]["completion_tokens"] <= 8
+    assert isinstance(plain["choices"][0]["text"], str)
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
+    assert finishes[-1] in ("length", "stop") and all(f is None for f in finishes[:-1])
+    assert chunks[-1]["usage"]["completion_tokens"] >= 1
+    assert [m["id"] for m in models["data"]] == ["flare-tiny"]
+    executions = metric(after, "flare_scheduler_executions_total") - metric(before, "flare_scheduler_executions_total")
+    prefill = (metric(after, "flare_scheduler_executions_total", graph_kind="prefill")
+               - metric(before, "flare_scheduler_executions_total", graph_kind="prefill"))
+    assert executions >= 2 and prefill >= 2  # one prompt each, and decode after it
+    assert metric(after, "flare_kv_pages_free") > 0 and metric(after, "flare_requests_running") == 0
+
+
+def test_flare_run_logs_each_startup_step(server):
+    _, _, log_path = server
+    text = log_path.read_text()
+    for step in ("load catalog", "allocate state", "warm up", "ready on http://127.0.0.1"):
+        assert step in text, f"startup step {step!r} missing from the log:\n{text[-2000:]}"
+
+
+def test_sigterm_drains_and_exits_cleanly(server):
+    _, process, log_path = server
+    process.send_signal(signal.SIGTERM)
+    # uvicorn re-raises the signal it handled once shutdown is complete, so the status may say SIGTERM
+    assert process.wait(timeout=60) in (0, -signal.SIGTERM)
+    text = log_path.read_text()
+    assert "draining" in text and "engine stopped" in text, text[-2000:]
+
+
+@pytest.mark.parametrize("flags, complaint", [
+    ({"alpha": 0.0}, "> 0"),
+    ({"terminal_value": -1.0}, ">= 0"),
+    ({"terminal_age_price": float("inf")}, "finite"),
+    ({"speculation": "sometimes"}, "off, fixed, adaptive"),
+    ({"policy": "fastest"}, "balanced, throughput"),
+    ({"threads": 0}, "--threads"),
+])
+def test_run_options_refuse_bad_flags_naming_the_allowed_values(flags, complaint):
+    with pytest.raises(LaunchError, match=re.escape(complaint)):
+        RunOptions(**flags)
+
+
+def test_a_bad_flag_is_one_line_on_stderr_and_exit_2(tmp_path):
+    result = subprocess.run([*FLARE, "run", str(tmp_path), "--mtp-adaptive-verification-alpha", "0"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--mtp-adaptive-verification-alpha" in lines[0], result.stderr
+
+
+def test_two_servers_starting_at_once_capture_the_bundled_catalog_once(tmp_path, monkeypatch):
+    captures = []
+
+    def fake_capture(folder):
+        captures.append(folder)
+        time.sleep(0.2)  # the second starter must wait on the lock, not start its own capture
+        folder.mkdir(parents=True)
+        (folder / "catalog.yaml").write_text("format_version: 1\n")
+
+    monkeypatch.setattr(launch, "_capture_bundled", fake_capture)
+    with ThreadPoolExecutor(2) as pool:
+        folders = list(pool.map(lambda _: launch.bundled_catalog(tmp_path), range(2)))
+    assert len(captures) == 1 and folders[0] == folders[1] == captures[0]
+    assert folders[0].name.startswith("flare-tiny-")
