@@ -80,12 +80,15 @@ class EngineConfig:
     speculation: str = "adaptive"  # off: plain decode only; fixed: no acceptance probes (D8)
     threads: int | None = None  # torch intra-op threads; None: every core
     device: str = "cpu"
+    frame_slots: int = 2  # 1 never queues a frame behind a running one (to measure what overlap buys)
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, got {self.speculation!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.frame_slots not in (1, 2):
+            raise ValueError(f"frame_slots must be 1 or 2 (spec A7), got {self.frame_slots}")
 
 
 # ---------------------------------------------------------------------------
@@ -435,7 +438,7 @@ class HeliosEngine:
 
     def _fill_frames(self) -> None:
         """Plan and submit until the scheduler says no (both slots full, or feedback needed)."""
-        while True:
+        while len(self.scheduler.queued_fences) < self.config.frame_slots:
             self.scheduler.advance_to(time.monotonic_ns())
             plan = self.scheduler.plan()
             if plan is None:
