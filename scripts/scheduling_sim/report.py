@@ -272,23 +272,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--goodput", nargs="*", default=["ttft:250", "tpot:25"], help="SLOs, e.g. ttft:250 tpot:25")
     parser.add_argument("--from-results", help="re-render report.md and the plots from an earlier results.json")
     args = parser.parse_args(argv)
+    command = "python -m scripts.scheduling_sim.report " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
-        table = _load_or_run(args)
+        results = _load_or_run(args, command)
     except (ValueError, OSError, SimulationFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    seeds = max(len(runs) for rows in table.values() for runs in rows.values())
+    seeds = max(len(runs) for rows in results.table.values() for runs in rows.values())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m scripts.scheduling_sim.report " + " ".join(argv if argv is not None else sys.argv[1:])
-    (out / "report.md").write_text(markdown(table, command, seeds))
-    (out / "results.json").write_text(json.dumps(_json(table), indent=1))
+    (out / "report.md").write_text(markdown(results.table, results.command, seeds))
+    (out / "results.json").write_text(json.dumps(results.to_json(), indent=1))
     print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
-    _plots(table, out)
+    _plots(results.table, out)
     return 0
 
 
-def _load_or_run(args: argparse.Namespace) -> dict[str, dict[str, list[Metrics]]]:
+@dataclass(frozen=True, slots=True)
+class Results:
+    """What results.json holds: the command that simulated, and workload -> scheduler -> Metrics per seed."""
+
+    command: str
+    table: dict[str, dict[str, list[Metrics]]]
+
+    def to_json(self) -> dict:
+        return {"command": self.command, "workloads": _json(self.table)}
+
+
+def _load_or_run(args: argparse.Namespace, command: str) -> Results:
     if args.from_results:
         return load_results(Path(args.from_results))
     if not args.catalog:
@@ -296,13 +307,17 @@ def _load_or_run(args: argparse.Namespace) -> dict[str, dict[str, list[Metrics]]
     slo = parse_slo(args.goodput)
     load_catalog(args.catalog)  # a bad catalog fails here, with one line, before any worker starts
     seeds, scale = (1, QUICK) if args.quick else (args.seeds, Scale())
-    return run_all(args.catalog, seeds, scale, slo, args.jobs)
+    return Results(command, run_all(args.catalog, seeds, scale, slo, args.jobs))
 
 
-def load_results(path: Path) -> dict[str, dict[str, list[Metrics]]]:
-    """The inverse of results.json: workload -> scheduler -> Metrics per seed."""
+def load_results(path: Path) -> Results:
+    """The inverse of ``Results.to_json``; re-rendering keeps the command that simulated."""
     document = json.loads(path.read_text())
-    return {w: {s: [_metrics(m) for m in runs] for s, runs in rows.items()} for w, rows in document.items()}
+    if not isinstance(document, dict) or "workloads" not in document:
+        raise ValueError(f"{path}: not a results.json written by this report (no 'workloads' key)")
+    rows = document["workloads"]
+    table = {w: {s: [_metrics(m) for m in runs] for s, runs in by.items()} for w, by in rows.items()}
+    return Results(document.get("command", "(unknown command)"), table)
 
 
 def _metrics(data: dict) -> Metrics:

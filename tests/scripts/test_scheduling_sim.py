@@ -385,7 +385,7 @@ def test_report_quick_runs_end_to_end_without_matplotlib(tmp_path, monkeypatch, 
     for name in ("helios", "fcfs", "sarathi-64", "sarathi-2048", "vtc", "fixed-k1", "fixed-k7", "smartspec"):
         assert f"| {name} |" in text
     assert "Where Helios loses" in text
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = json.loads((tmp_path / "results.json").read_text())["workloads"]
     assert results["vtc-overload"]["vtc"][0]["service_difference_max"] >= 0
     assert not math.isnan(results["steady-80"]["helios"][0]["request_throughput"])
     assert "matplotlib is not installed" in capsys.readouterr().out
@@ -431,12 +431,12 @@ def test_report_rerenders_from_its_results_json(tmp_path, monkeypatch):
     helios = measure(simulate(catalog, example), example, {}, Slo())
     fcfs = measure(run(catalog, example, baseline_specs(Shapes(catalog))[0].build(Shapes(catalog))), example, {}, Slo())
     table = {"example": {"helios": [helios], "fcfs": [fcfs]}}
-    (tmp_path / "results.json").write_text(json.dumps(report._json(table)))
-    loaded = report.load_results(tmp_path / "results.json")
+    (tmp_path / "results.json").write_text(json.dumps(report.Results("the original command", table).to_json()))
+    loaded = report.load_results(tmp_path / "results.json").table
     assert loaded["example"]["fcfs"][0].ttft_ms == fcfs.ttft_ms  # Distribution comes back as itself
     assert loaded["example"]["helios"][0].output_throughput == helios.output_throughput
     out = tmp_path / "again"
     assert report.main(["--from-results", str(tmp_path / "results.json"), "--out", str(out)]) == 0
     text = (out / "report.md").read_text()
-    assert "## Summary" in text
+    assert "## Summary" in text and "`the original command`" in text
     assert f"{report._cell(helios.output_throughput)} / {report._cell(fcfs.output_throughput)} (fcfs)" in text
