@@ -225,7 +225,7 @@ class _DecodeRanking:
 class _Selector:
     """One decision's caches: rankings per width and per prompt capacity."""
 
-    def __init__(self, population: Population, infos: Sequence[GraphInfo]) -> None:
+    def __init__(self, population: Population, infos: "CatalogInfo") -> None:
         self.pop = population
         self.infos = infos
         self.decode_rankings: dict[tuple[str | None, int], _DecodeRanking] = {}
@@ -373,8 +373,26 @@ class GraphInfo:
     capacities: tuple[int, int, int, int]  # (B, W, P, prompt capacity) for dominance (U12)
 
 
-def describe(graphs: Sequence[GraphDescriptor]) -> tuple[GraphInfo, ...]:
-    return tuple(
+@dataclass(frozen=True, slots=True)
+class CatalogInfo:
+    """What selection derives from the catalog alone, built once per catalog (:func:`describe`).
+
+    ``dominators[i]`` lists the graphs of graph i's kind whose capacities are
+    all no larger and not all equal: the only shapes that can prune graph i as
+    padding (U12) when they do the same logical work. It does not depend on
+    requests, so it is never recomputed per decision.
+    """
+
+    graphs: tuple[GraphInfo, ...]
+    dominators: tuple[tuple[int, ...], ...]
+    prefill_sizes: tuple[int, ...]  # prompt capacities of the prefill graphs (D4)
+
+    def __getitem__(self, index: int) -> GraphInfo:
+        return self.graphs[index]
+
+
+def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
+    infos = tuple(
         GraphInfo(
             _proposal_source(g),
             _logical_width(g),
@@ -383,6 +401,12 @@ def describe(graphs: Sequence[GraphDescriptor]) -> tuple[GraphInfo, ...]:
         )
         for g in graphs
     )
+    dominators = tuple(
+        tuple(j for j, o in enumerate(graphs) if o.kind is g.kind and _dominates(infos[j].capacities, infos[i].capacities))
+        for i, g in enumerate(graphs)
+    )
+    prefill_sizes = tuple(g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL)
+    return CatalogInfo(infos, dominators, prefill_sizes)
 
 
 def _proposal_source(graph: GraphDescriptor) -> str | None:
@@ -433,9 +457,11 @@ def _prompt_lane(sel: _Selector, i: int, tokens: int) -> PlannedLane:
 def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
     """Decode and speculative programs: rectangular, constrained ragged or adaptive.
 
-    Constrained and adaptive cohorts are costlier to search, so they come back
-    as a ``_Deferred`` carrying an upper bound: the rectangular value of the same
-    lanes at full width, which no row budget can exceed.
+    A rectangular cohort is scored here and built only if needed
+    (:func:`_built_generation`). Constrained and adaptive cohorts are costlier
+    to search, so they come back as a ``_Deferred`` carrying an upper bound: the
+    rectangular value of the same lanes at full width, which no row budget can
+    exceed.
     """
     info = sel.infos[index]
     r = sel.decode_ranking(info.source, info.width, timing)
@@ -450,12 +476,17 @@ def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, ti
     if graph.ragged and r.length_prefix[k] > graph.target_rows:
         bound = (not timing.known, _score(base, r.slope_prefix[k], timing, active))
         return _Deferred(bound, lambda: _constrained_candidate(sel, index, graph, timing, r))
+    return (not timing.known, _score(base, r.slope_prefix[k], timing, active)), index, (r, k)
+
+
+def _built_generation(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, score: float, payload):
+    r, k = payload
     logical = lambda: (graph.kind, graph.proposal_depth, r.logical(k))  # noqa: E731
     return _Candidate(
         index=index,
         graph=graph,
         timing=timing,
-        score=_score(base, r.slope_prefix[k], timing, sel.pop.active_age_price),
+        score=score,
         served=k,
         padding=graph.target_rows - r.length_prefix[k],
         logical=logical,
@@ -567,6 +598,11 @@ def _prefill_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timin
     k, base = ranked.best(graph.batch_capacity)
     if k == 0:
         return None
+    return (not timing.known, _score(base, 0.0, timing, sel.pop.active_age_price)), index, (ranked, tokens, k)
+
+
+def _built_prefill(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, score: float, payload):
+    ranked, tokens, k = payload
     rows = ranked.order[:k]
     used = sum(tokens[i] for i in rows)
     logical = lambda: (graph.kind, tuple(sorted((i, tokens[i]) for i in rows)))  # noqa: E731
@@ -574,7 +610,7 @@ def _prefill_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timin
         index=index,
         graph=graph,
         timing=timing,
-        score=_score(base, 0.0, timing, sel.pop.active_age_price),
+        score=score,
         served=k,
         padding=graph.prefill_capacity * graph.batch_capacity - used,
         logical=logical,
@@ -587,19 +623,24 @@ def _mixed_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing:
     info = sel.infos[index]
     r = sel.decode_ranking(info.source, info.width, timing)
     active = sel.pop.active_age_price
-    options = []
+    best = None  # (score, prompt row or None, decoders served)
     k, base = r.ranked.best(graph.batch_capacity)
     if k:
-        options.append((_score(base, r.slope_prefix[k], timing, active), None, k, base))
+        best = (_score(base, r.slope_prefix[k], timing, active), None, k)
     ranked, tokens = sel.prompt_ranking(graph.prefill_capacity)
     if len(ranked) and graph.prefill_capacity:
-        p = ranked.order[0]
         k2, base2 = r.ranked.best(graph.batch_capacity - 1)
-        value = ranked.prefix[1] + base2
-        options.append((_score(value, r.slope_prefix[k2], timing, active), p, k2, value))
-    if not options:
+        score = _score(ranked.prefix[1] + base2, r.slope_prefix[k2], timing, active)
+        if best is None or score >= best[0]:  # on a tie the prompt row wins
+            best = (score, ranked.order[0], k2)
+    if best is None:
         return None
-    score, prompt, k, _ = max(options, key=lambda o: (o[0], o[1] is not None))
+    score, prompt, k = best
+    return (not timing.known, score), index, (r, prompt, k, tokens)
+
+
+def _built_mixed(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, score: float, payload):
+    r, prompt, k, tokens = payload
     rows = r.length_prefix[k] + (tokens[prompt] if prompt is not None else 0)
 
     def build():
@@ -622,10 +663,94 @@ _CANDIDATES = {
     GraphKind.MIXED: _mixed_candidate,
 }
 
+_BUILT = {
+    GraphKind.DECODE: _built_generation,
+    GraphKind.SPECULATIVE: _built_generation,
+    GraphKind.PREFILL: _built_prefill,
+    GraphKind.MIXED: _built_mixed,
+}
+
 
 # ---------------------------------------------------------------------------
 # Filters and the final choice
 # ---------------------------------------------------------------------------
+
+
+class _Scored:
+    """Every graph's candidate of one decision, scored; full candidates are built on demand.
+
+    Scoring all graphs is the hot loop, so it keeps one small tuple per graph,
+    ``(rank key, catalog index, payload)``: the payload is what the kind's
+    builder needs (a ranking and a cohort size) or an already built
+    ``_Candidate`` (deferred ones). Only the candidates that can still decide
+    the outcome -- the best ranked, and the smaller shapes that might prune them
+    (U12) -- are ever built.
+    """
+
+    def __init__(self, sel: _Selector, graphs: Sequence[GraphDescriptor], timings: Sequence[GraphTiming]) -> None:
+        self.sel = sel
+        self.graphs = graphs
+        self.timings = timings
+        self.entries: list[tuple] = []
+        self.by_index: dict[int, tuple] = {}
+        self.built: dict[int, _Candidate] = {}
+
+    def add(self, entry: tuple) -> None:
+        self.entries.append(entry)
+        self.by_index[entry[1]] = entry
+
+    def add_built(self, c: _Candidate) -> None:
+        self.built[c.index] = c
+        self.add((c.rank_key(), c.index, c))
+
+    def drop(self, index: int) -> None:
+        del self.by_index[index]
+        self.entries = [e for e in self.entries if e[1] != index]
+
+    def candidate(self, entry: tuple) -> _Candidate:
+        rank, index, payload = entry
+        c = self.built.get(index)
+        if c is None:
+            graph = self.graphs[index]
+            c = _BUILT[graph.kind](self.sel, index, graph, self.timings[index], rank[1], payload)
+            self.built[index] = c
+        return c
+
+    def is_dominated(self, entry: tuple) -> bool:
+        """U12: another shape of the same kind does the same logical work with no larger capacity."""
+        key = None
+        for other in self.sel.infos.dominators[entry[1]]:
+            found = self.by_index.get(other)
+            if found is None:
+                continue
+            key = self.candidate(entry).logical_key() if key is None else key
+            if self.candidate(found).logical_key() == key:
+                return True
+        return False
+
+    def best_undominated(self) -> list[tuple]:
+        """Every entry tied at the best rank among those no padded alternative dominates.
+
+        Pruning only ever removes candidates, so it is enough to test the best
+        ones in rank order (usually the first rank level holds the answer); the
+        logical keys of the rest are never built.
+        """
+        if not self.entries:
+            return []
+        top = max(e[0] for e in self.entries)
+        tied = [e for e in self.entries if e[0] == top and not self.is_dominated(e)]
+        if tied:
+            return tied
+        for e in sorted(self.entries, key=_rank_of, reverse=True):
+            if tied and e[0] < tied[0][0]:
+                break
+            if not self.is_dominated(e):
+                tied.append(e)
+        return tied
+
+
+def _rank_of(entry: tuple) -> tuple:
+    return entry[0]
 
 
 def _explores_redundantly(c: _Candidate, sel: _Selector, prefill_sizes: Sequence[int]) -> bool:
@@ -666,48 +791,21 @@ def _recency(c: _Candidate, sel: _Selector) -> int:
     return max((by_slot[lane.handle.slot] for lane in lanes), default=0)
 
 
-def _is_dominated(c: _Candidate, candidates: Sequence[_Candidate]) -> bool:
-    """U12: another shape of the same kind does the same logical work with no larger capacity."""
-    caps, key = c.capacities(), None
-    for o in candidates:
-        if o is c or o.graph.kind is not c.graph.kind or not _dominates(o.capacities(), caps):
-            continue
-        key = c.logical_key() if key is None else key
-        if o.logical_key() == key:
-            return True
-    return False
-
-
-def _best_undominated(candidates: Sequence[_Candidate]) -> list[_Candidate]:
-    """Every candidate tied at the best rank among those no padded alternative dominates.
-
-    Pruning only ever removes candidates, so it is enough to test the best ones
-    in rank order; the logical keys of the rest are never built.
-    """
-    tied: list[_Candidate] = []
-    for c in sorted(candidates, key=_Candidate.rank_key, reverse=True):
-        if tied and c.rank_key() < tied[0].rank_key():
-            break
-        if not _is_dominated(c, candidates):
-            tied.append(c)
-    return tied
-
-
-def _add_deferred(candidates: list[_Candidate], deferred: Sequence[_Deferred]) -> None:
+def _add_deferred(scored: _Scored, deferred: Sequence[_Deferred]) -> None:
     """Evaluate expensive candidates best bound first, skipping those that cannot win.
 
     A bound strictly below the best undominated candidate in hand cannot win.
     (A skipped shape could in principle have dominated that candidate with the
     same logical work at a longer measured duration; that corner is accepted.)
     """
-    leaders = _best_undominated(candidates)
-    best = leaders[0].rank_key() if leaders else None
+    leaders = scored.best_undominated()
+    best = leaders[0][0] if leaders else None
     for d in sorted(deferred, key=lambda d: d.bound, reverse=True):
         if best is not None and d.bound < best:
             break
         c = d.make()
         if c is not None:
-            candidates.append(c)
+            scored.add_built(c)
             best = c.rank_key() if best is None else max(best, c.rank_key())
 
 
@@ -715,26 +813,28 @@ def select(
     graphs: Sequence[GraphDescriptor],
     timings: Sequence[GraphTiming],
     population: Population,
-    infos: Sequence[GraphInfo] | None = None,
+    described: CatalogInfo | None = None,
 ) -> Choice | None:
     """The best graph and cohort for the population, or None when nothing can run.
 
-    ``infos`` is :func:`describe` of ``graphs``; callers planning repeatedly on
-    one catalog pass it to skip recomputing it.
+    ``described`` is :func:`describe` of ``graphs``; callers planning
+    repeatedly on one catalog pass it to skip recomputing it.
     """
-    sel = _Selector(population, infos if infos is not None else describe(graphs))
-    candidates, deferred = [], []
-    for index, (graph, timing) in enumerate(zip(graphs, timings)):
+    described = described if described is not None else describe(graphs)
+    sel = _Selector(population, described)
+    scored, deferred = _Scored(sel, graphs, timings), []
+    for index, graph in enumerate(graphs):
         make = _CANDIDATES.get(graph.kind)
-        c = make(sel, index, graph, timing) if make else None
+        c = make(sel, index, graph, timings[index]) if make else None
         if isinstance(c, _Deferred):
             deferred.append(c)
         elif c is not None:
-            candidates.append(c)
-    prefill_sizes = [g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL]
-    candidates = [c for c in candidates if not _explores_redundantly(c, sel, prefill_sizes)]
-    _add_deferred(candidates, deferred)
-    tied = _best_undominated(candidates)
+            scored.add(c)
+    for entry in [e for e in scored.entries if e[0][0] and graphs[e[1]].kind is GraphKind.PREFILL]:
+        if _explores_redundantly(scored.candidate(entry), sel, described.prefill_sizes):
+            scored.drop(entry[1])
+    _add_deferred(scored, deferred)
+    tied = [scored.candidate(e) for e in scored.best_undominated()]
     if not tied:
         return None
     if len(tied) > 1:
@@ -742,7 +842,7 @@ def select(
             c.recency = _recency(c, sel)
     best = max(tied, key=_Candidate.tie_key)
     lanes, prefill_row = best.build()
-    magnitude = max(abs(c.score) for c in candidates)
+    magnitude = max(abs(e[0][1]) for e in scored.entries)
     log_scale = decision_log_scale(magnitude)
     return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row)
 
