@@ -18,6 +18,7 @@ Order of a decision:
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -203,16 +204,35 @@ class _Deferred:
 
 @dataclass(slots=True)
 class _DecodeRanking:
-    """Decoders eligible for one (proposal source, logical width), ranked once."""
+    """Decoders eligible for one (proposal source, logical width), ranked once.
+
+    ``lengths``, ``expected`` and ``length_prefix`` follow ranking order; the
+    last two are built on first use (only ragged programs and the winner's
+    lanes read them).
+    """
 
     members: list[int]  # decoder indices, ranking order
     lengths: list[int]  # query length per member (ranking order)
-    expected: list[float]  # expected committed tokens per member
     ranked: RankedLanes  # over base values (ranking order == members)
     slope_prefix: list[float]
-    length_prefix: list[int]
     uniform_slope: bool = True  # every lane shares c*sigma: the order holds for any T
+    unordered_expected: list[float] = field(default_factory=list)  # eligibility order
     keys: dict[int, tuple] = field(default_factory=dict)  # k -> logical key
+    _expected: list[float] | None = None
+    _length_prefix: list[int] | None = None
+
+    @property
+    def expected(self) -> list[float]:
+        """Expected committed tokens per member (ranking order)."""
+        if self._expected is None:
+            self._expected = [self.unordered_expected[j] for j in self.ranked.order]
+        return self._expected
+
+    @property
+    def length_prefix(self) -> list[int]:
+        if self._length_prefix is None:
+            self._length_prefix = list(accumulate(self.lengths, initial=0))
+        return self._length_prefix
 
     def logical(self, k: int) -> tuple:
         key = self.keys.get(k)
@@ -234,6 +254,10 @@ class _Selector:
         self.adaptive_prefixes: dict[tuple, list[float]] = {}
         self.cumulative: dict[str, list[list[float] | None]] = {}
         self.fixed: list[float] | None = None
+        self.eligible: dict[str | None, tuple[list[int], list[float], bool]] = {}
+        self.slope_prefixes: dict[str | None, list[float]] = {}
+        # with room for every width, query lengths are the width itself
+        self.least_room = min(population.decoders.room, default=0)
         # a stable sort of an LRU-ordered population already breaks value ties by recency
         self.decoders_lru = _nondecreasing(population.decoders.recency)
         self.prompters_lru = _nondecreasing(population.prompters.recency)
@@ -285,35 +309,57 @@ class _Selector:
         prefix is zero (the graph duration is already priced in).
         """
         d = self.pop.decoders
-        fixed = self._fixed_values()
+        idx, slopes, uniform = self._eligible(source)
+        room, fixed, price = d.room, self._fixed_values(), d.token_price
         if source is None:
-            idx = [i for i in range(len(d)) if d.room[i] >= 1]
             lengths = [1] * len(idx)
             expected = [1.0] * len(idx)
         else:
-            gains = self._gains(source)
-            idx = [i for i in range(len(d)) if d.room[i] >= 1 and gains[i] is not None]
-            lengths = [min(width, d.room[i]) for i in idx]
-            expected = [
-                min(float(d.room[i]), 1.0 + gains[i][min(n - 1, len(gains[i]) - 1)]) for i, n in zip(idx, lengths)
-            ]
-        values = [e * d.token_price[i] + fixed[i] for i, e in zip(idx, expected)]
-        slopes = [d.age_slope[i] for i in idx]
+            gains = self.cumulative[source]
+            lengths = [width] * len(idx) if self.least_room >= width else [min(width, room[i]) for i in idx]
+            expected = [min(float(room[i]), 1.0 + gains[i][min(n, len(gains[i])) - 1]) for i, n in zip(idx, lengths)]
+        values = [e * price[i] + fixed[i] for i, e in zip(idx, expected)]
         if t_ms is not None:
             values = [v + t_ms * slope for v, slope in zip(values, slopes)]
         ranked = RankedLanes.rank(values, None if self.decoders_lru else [d.recency[i] for i in idx])
         order = ranked.order
-        ordered_lengths = [lengths[j] for j in order]
-        ordered_slopes = [0.0 if t_ms is not None else slopes[j] for j in order]
+        if t_ms is not None:
+            slope_prefix = [0.0] * (len(order) + 1)
+        elif uniform:  # every order has the same prefix sums
+            slope_prefix = self._uniform_slope_prefix(source, slopes)
+        else:
+            slope_prefix = list(accumulate((slopes[j] for j in order), initial=0.0))
         return _DecodeRanking(
             members=[idx[j] for j in order],
-            lengths=ordered_lengths,
-            expected=[expected[j] for j in order],
+            lengths=lengths if self.least_room >= width else [lengths[j] for j in order],
             ranked=ranked,
-            slope_prefix=_prefix(ordered_slopes),
-            length_prefix=_prefix_int(ordered_lengths),
-            uniform_slope=len(set(slopes)) <= 1,
+            slope_prefix=slope_prefix,
+            uniform_slope=uniform,
+            unordered_expected=expected,
         )
+
+    def _eligible(self, source: str | None) -> tuple[list[int], list[float], bool]:
+        """Decoders that can take a lane priced by ``source`` (room left, and the source for wide rows).
+
+        Returns their indices, their c*sigma slopes, and whether the slopes are all equal.
+        """
+        found = self.eligible.get(source)
+        if found is None:
+            d = self.pop.decoders
+            if source is None:
+                idx = [i for i, r in enumerate(d.room) if r >= 1]
+            else:
+                gains = self._gains(source)
+                idx = [i for i, r in enumerate(d.room) if r >= 1 and gains[i] is not None]
+            slopes = [d.age_slope[i] for i in idx]
+            found = self.eligible[source] = (idx, slopes, len(set(slopes)) <= 1)
+        return found
+
+    def _uniform_slope_prefix(self, source: str | None, slopes: list[float]) -> list[float]:
+        found = self.slope_prefixes.get(source)
+        if found is None:
+            found = self.slope_prefixes[source] = list(accumulate(slopes, initial=0.0))
+        return found
 
     def _fixed_values(self) -> list[float]:
         """Per decoder: the width-independent part of its lane value (delivery and c*sigma*A)."""
@@ -340,20 +386,6 @@ class _Selector:
 
 def _nondecreasing(values: Sequence[int]) -> bool:
     return all(a <= b for a, b in zip(values, values[1:]))
-
-
-def _prefix(values: Sequence[float]) -> list[float]:
-    out = [0.0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
-
-
-def _prefix_int(values: Sequence[int]) -> list[int]:
-    out = [0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
 
 
 def _score(served_value_base: float, slope: float, timing: GraphTiming, active: float) -> float:
