@@ -422,6 +422,12 @@ class CatalogInfo:
     def __getitem__(self, index: int) -> GraphInfo:
         return self.graphs[index]
 
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def __iter__(self):
+        return iter(self.graphs)
+
 
 def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
     infos = tuple(
@@ -893,6 +899,7 @@ def evaluate(
     ``log_scale`` is 0: callers scale by the winning decision's factor.
     """
     sel = _Selector(population, infos)
+    scored = _Scored(sel, graphs, timings)
     out = {}
     for index in indices:
         graph = graphs[index]
@@ -900,6 +907,8 @@ def evaluate(
         c = make(sel, index, graph, timings[index]) if make else None
         if isinstance(c, _Deferred):
             c = c.make()
+        elif c is not None:
+            c = scored.candidate(c)
         if c is not None:
             lanes, prefill_row = c.build()
             out[index] = Choice(graph, lanes, c.timing, c.score, 0.0, prefill_row)

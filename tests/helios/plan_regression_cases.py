@@ -190,6 +190,7 @@ def _plan_json(plan: ScheduledPlan, owners) -> dict:
         "prefill_row": plan.prefill_row,
         "requires_feedback": plan.requires_feedback,
         "lanes": [_lane_json(lane, owners) for lane in plan.lanes],
+        "trace": repr(getattr(plan, "trace", None)),  # A12, where the scheduler writes one
     }
 
 
