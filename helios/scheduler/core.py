@@ -43,6 +43,7 @@ from typing import Sequence
 
 from helios.scheduler import policy as pol
 from helios.scheduler import rounds
+from helios.scheduler.catalog_timing import CatalogTiming
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.cost import CostModel
 from helios.scheduler.explore import Decision, Explorer, ProbeSubject
@@ -54,7 +55,6 @@ from helios.scheduler.service import (
     ShapeTiming,
     fair_token_rate,
     reference_interval_ms,
-    token_normalizer,
 )
 from helios.scheduler.speculation import (
     CompletedRound,
@@ -204,15 +204,12 @@ class Scheduler:
             raise ValueError("graph ids must be unique in one catalog")
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
-        self._keys = tuple(g.cost_key() for g in self.graphs)
         self._infos = pol.describe(self.graphs)
         self._family_graphs: dict[DeliveryFamily, tuple[int, ...]] = {}
-        self._cost_version = 0  # bumps on every cost observation: invalidates cached timings
-        self._timing_cache: tuple[tuple[int, int], list[pol.GraphTiming]] | None = None
-        self._normalizer_cache: tuple[int, float | None] | None = None
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
         self.cost = CostModel(self.policy.estimate_ttl_ns)
+        self._timing = CatalogTiming(self.graphs, self.cost)  # per-graph timings and normalizer, kept current
         self.now_ns = 0
         self._slots: list[RequestState | None] = [None] * request_slots
         self._generation = 0
@@ -233,6 +230,7 @@ class Scheduler:
             raise ValueError("configure_policy must be called before the first admission")
         self.policy = policy
         self.cost.ttl_ns = policy.estimate_ttl_ns
+        self._timing.reset(self.now_ns)
         self._explorer = self._make_explorer()
 
     def _make_explorer(self) -> Explorer:
@@ -414,17 +412,12 @@ class Scheduler:
         return not last.plan.requires_feedback and self.now_ns <= last.end_ns
 
     def _timings(self) -> list[pol.GraphTiming]:
-        """Duration knowledge per graph, recomputed only when the clock or an estimate moved."""
-        stamp = (self.now_ns, self._cost_version)
-        if self._timing_cache is None or self._timing_cache[0] != stamp:
-            now, cost = self.now_ns, self.cost
-            timings = [pol.GraphTiming(cost.estimate_ns(key), not cost.is_stale(key, now)) for key in self._keys]
-            self._timing_cache = (stamp, timings)
-        return self._timing_cache[1]
+        """Duration knowledge per graph (kept current by ``CatalogTiming``)."""
+        return self._timing.at(self.now_ns)
 
     def _observe_cost(self, key: CostKey, device_ns: int, readiness_ns: int) -> None:
         self.cost.observe(key, device_ns, readiness_ns, self.now_ns)
-        self._cost_version += 1
+        self._timing.observed(key, self.now_ns)
 
     def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10)."""
@@ -515,14 +508,7 @@ class Scheduler:
         wait behind streams that have theirs. The whole catalog is the fallback
         while no generation program is measured.
         """
-        if self._normalizer_cache is not None and self._normalizer_cache[0] == self._cost_version:
-            return self._normalizer_cache[1]
-        estimates = [(g, self.cost.estimate_ns(key)) for g, key in zip(self.graphs, self._keys)]
-        measured = token_normalizer((g, ns) for g, ns in estimates if g.kind in GENERATION_KINDS)
-        if measured is None:
-            measured = token_normalizer(estimates)
-        self._normalizer_cache = (self._cost_version, measured)
-        return measured
+        return self._timing.normalizer()
 
     # -- commit -------------------------------------------------------------
 

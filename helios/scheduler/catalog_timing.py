@@ -1,0 +1,82 @@
+"""Every graph's duration knowledge as selection reads it, kept current instead of rebuilt per plan.
+
+``CostModel`` answers per physical program (D1-D3, D5). Selection wants one
+``GraphTiming`` per catalog graph on every plan, and the token normalizer the
+best measured token rate of the catalog. Both change only when an estimate
+changes (an observation of one physical program) or when a measured estimate
+turns stale as the clock passes its last observation plus ``ttl_ns`` (D2). So
+the table is updated on exactly those events: an observation refreshes the
+graphs sharing that cost key, and the clock passing the earliest staleness
+time refreshes the freshness of all. The lists it hands out are never mutated
+afterwards; an update builds new ones.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from helios.scheduler.cost import CostModel
+from helios.scheduler.policy import GraphTiming
+from helios.scheduler.service import token_normalizer
+from helios.scheduler.types import GENERATION_KINDS, CostKey, GraphDescriptor
+
+
+class CatalogTiming:
+    """``GraphTiming`` per graph and the token normalizer, for one catalog over one ``CostModel``."""
+
+    def __init__(self, graphs: Sequence[GraphDescriptor], cost: CostModel) -> None:
+        self._cost = cost
+        self._keys = tuple(g.cost_key() for g in graphs)
+        self._by_key: dict[CostKey, list[int]] = {}
+        for index, key in enumerate(self._keys):
+            self._by_key.setdefault(key, []).append(index)
+        self._graphs = tuple(graphs)
+        self._timings: list[GraphTiming] = []
+        self._stale_at: dict[CostKey, int] = {}  # measured, still fresh: when each turns stale
+        self._normalizer: float | None = None
+        self.reset(0)
+
+    def at(self, now_ns: int) -> list[GraphTiming]:
+        """Every graph's timing at ``now_ns`` (the scheduler clock never goes back)."""
+        if self._stale_at and now_ns >= min(self._stale_at.values()):
+            self.reset(now_ns)
+        return self._timings
+
+    def normalizer(self) -> float | None:
+        """Best measured token rate of the generation programs, else of the whole catalog (tokens/ms)."""
+        return self._normalizer
+
+    def observed(self, key: CostKey, now_ns: int) -> None:
+        """``key``'s estimate may have changed at ``now_ns``: refresh the graphs that share it."""
+        indices = self._by_key.get(key)
+        if not indices:
+            return
+        timing = self._timing(key, now_ns)
+        timings = list(self._timings)
+        for index in indices:
+            timings[index] = timing
+        self._timings = timings
+        self._normalizer = self._best_rate()
+
+    def reset(self, now_ns: int) -> None:
+        """Rebuild everything from the cost model (at start, after the TTL changes, when an entry turns stale)."""
+        self._stale_at = {}
+        by_key = {key: self._timing(key, now_ns) for key in self._by_key}
+        self._timings = [by_key[key] for key in self._keys]
+        self._normalizer = self._best_rate()
+
+    def _timing(self, key: CostKey, now_ns: int) -> GraphTiming:
+        cost = self._cost
+        fresh = not cost.is_stale(key, now_ns)
+        observed = cost.last_observation_ns(key)
+        if fresh and observed is not None:
+            self._stale_at[key] = observed + cost.ttl_ns
+        else:
+            self._stale_at.pop(key, None)
+        return GraphTiming(cost.estimate_ns(key), fresh)
+
+    def _best_rate(self) -> float | None:
+        """The normalizer as the core defines it: generation programs first, the whole catalog as fallback."""
+        estimates = [(g, t.duration_ns) for g, t in zip(self._graphs, self._timings)]
+        measured = token_normalizer((g, ns) for g, ns in estimates if g.kind in GENERATION_KINDS)
+        return measured if measured is not None else token_normalizer(estimates)
