@@ -53,6 +53,7 @@ from helios.scheduler.service import (
     FrameService,
     ServiceHistory,
     ShapeTiming,
+    decay_factor,
     fair_token_rate,
     reference_interval_ms,
 )
@@ -160,14 +161,32 @@ class Frame:
     queued: bool  # committed behind another frame: its service interval is the device one (A3)
     members: frozenset[RequestHandle] = frozenset()  # the participants, for membership tests
     lanes_by_handle: dict[RequestHandle, PlannedLane] = field(default_factory=dict)
+    # A10 queue projection, frozen at commit: each participant's expected service
+    # (zero for those without a lane) and the frame's decay factor, shared by all
+    projection: dict[RequestHandle, FrameService] = field(default_factory=dict)
+    decay: float = 1.0
 
     @classmethod
-    def submitted(cls, fence, plan, participants, normalizer, end_ns, queued) -> "Frame":
+    def submitted(cls, fence, plan, participants, normalizer, end_ns, queued, adaptation_ms) -> "Frame":
         lanes = {lane.handle: lane for lane in plan.lanes}
-        return cls(fence, plan, participants, normalizer, end_ns, queued, frozenset(participants), lanes)
+        duration_ms = max(plan.estimated_duration_ns, 1) / 1e6
+        idle = FrameService(0.0, 0.0, duration_ms)
+        projection = {h: idle for h in participants}
+        for lane in plan.lanes:
+            tokens = lane.expected_tokens + lane.prompt_tokens
+            deliveries = 1.0 if lane.phase is LanePhase.DECODE else 0.0
+            if lane.handle in projection:
+                projection[lane.handle] = FrameService(tokens, deliveries, duration_ms)
+        decay = decay_factor(duration_ms, adaptation_ms)
+        return cls(fence, plan, participants, normalizer, end_ns, queued, frozenset(participants), lanes,
+                   projection, decay)
 
     def lane_for(self, handle: RequestHandle) -> PlannedLane | None:
         return self.lanes_by_handle.get(handle)
+
+
+def _recency(state: RequestState) -> int:
+    return state.last_selected_ns
 
 
 def lane_output_bound(lane: PlannedLane, graph: GraphDescriptor) -> int:
@@ -206,6 +225,8 @@ class Scheduler:
         self._by_id = {g.id: g for g in self.graphs}
         self._infos = pol.describe(self.graphs)
         self._family_graphs: dict[DeliveryFamily, tuple[int, ...]] = {}
+        self._shapes_for: Sequence[pol.GraphTiming] | None = None  # the timings ``_shapes`` was built from
+        self._shapes: dict[DeliveryFamily, tuple[ShapeTiming, ...]] = {}
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
         self.cost = CostModel(self.policy.estimate_ttl_ns)
@@ -421,21 +442,20 @@ class Scheduler:
 
     def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10)."""
-        live = sorted((s for s in self._slots if s is not None and s.live), key=lambda s: s.last_selected_ns)
-        rooms = {s.handle: s.room() for s in live}
-        decoders = [s for s in live if s.phase is LanePhase.DECODE and rooms[s.handle] > 0]
+        live = sorted((s for s in self._slots if s is not None and s.live), key=_recency)
+        rooms = [s.room() for s in live]
+        decoding = [s.prompt_done >= s.request.prompt_tokens for s in live]  # the DECODE phase
+        decoders = [s for s, room, d in zip(live, rooms, decoding) if d and room > 0]
         sigmas = self._reference_intervals(decoders, timings)
         c, policy = self.policy.decode_age_price, self.policy
         dec, prm = pol.Decoders(), pol.Prompters()
-        for s in live:
-            room = rooms[s.handle]
-            decoding = s.phase is LanePhase.DECODE
-            if (decoding and room <= 0) or (not decoding and s.queued_prompt):
+        for s, room, decoder in zip(live, rooms, decoding):
+            if (decoder and room <= 0) or (not decoder and s.queued_prompt):
                 continue
             history, delivered_ns = self._projected(s) if self._frames else (s.service, None)
-            sigma = sigmas.get(s.family)
+            sigma = sigmas.get(s.family.proposal_source)
             prices = history.prices(policy, delivery_fallback_rate=1.0 / sigma if sigma else 1.0)
-            if decoding:
+            if decoder:
                 reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
                 slope = c * sigma if sigma else 0.0
                 dec.handle.append(s.handle)
@@ -461,34 +481,46 @@ class Scheduler:
         """Copy of the history advanced through queued frames, and its expected delivery time."""
         history, delivered = state.service, None
         for frame in self._frames:
-            if state.handle not in frame.members:
+            service = frame.projection.get(state.handle)
+            if service is None:
                 continue
-            lane = frame.lane_for(state.handle)
-            tokens = 0.0 if lane is None else lane.expected_tokens + lane.prompt_tokens
-            deliveries = 1.0 if lane is not None and lane.phase is LanePhase.DECODE else 0.0
-            duration_ms = max(frame.plan.estimated_duration_ns, 1) / 1e6
-            history = history.projected(FrameService(tokens, deliveries, duration_ms), self.policy.adaptation_ms)
-            if deliveries:
+            history = history.projected_with_decay(service, frame.decay)
+            if service.deliveries:
                 delivered = frame.end_ns
         return history, delivered
 
-    def _reference_intervals(self, decoders: Sequence[RequestState], timings) -> dict[DeliveryFamily, float]:
-        """sigma per delivery family (U5): K counts decoders only, k those of the family."""
+    def _reference_intervals(self, decoders: Sequence[RequestState], timings) -> dict[str | None, float]:
+        """sigma per delivery family, keyed by its proposal source (U5): K counts decoders only, k those of the family."""
         total = len(decoders)
-        counts: dict[DeliveryFamily, int] = {}
+        counts: dict[str | None, int] = {}
         for s in decoders:
-            counts[s.family] = counts.get(s.family, 0) + 1
+            source = s.family.proposal_source
+            counts[source] = counts.get(source, 0) + 1
         out = {}
-        for family, k in counts.items():
-            shapes = [
-                ShapeTiming(timings[i].duration_ns / 1e6, self.graphs[i].batch_capacity)
-                for i in self._serving(family)
-                if timings[i].known
-            ]
-            sigma = reference_interval_ms(total, k, shapes)
+        for source, k in counts.items():
+            sigma = reference_interval_ms(total, k, self._fastest_shapes(DeliveryFamily(source), timings))
             if sigma is not None:
-                out[family] = sigma
+                out[source] = sigma
         return out
+
+    def _fastest_shapes(self, family: DeliveryFamily, timings: Sequence[pol.GraphTiming]) -> tuple[ShapeTiming, ...]:
+        """The family's fastest measured program per batch capacity: all U5's minimum can pick from.
+
+        A slower program of the same B never has the smaller T/min(B, k). Timing
+        lists are never mutated (``CatalogTiming`` builds a new one per change),
+        so the list itself identifies the durations these were computed from.
+        """
+        if self._shapes_for is not timings:
+            self._shapes_for, self._shapes = timings, {}
+        found = self._shapes.get(family)
+        if found is None:
+            fastest: dict[int, float] = {}
+            for i in self._serving(family):
+                if timings[i].known:
+                    batch, ms = self.graphs[i].batch_capacity, timings[i].duration_ns / 1e6
+                    fastest[batch] = min(ms, fastest.get(batch, ms))
+            found = self._shapes[family] = tuple(ShapeTiming(ms, batch) for batch, ms in fastest.items())
+        return found
 
     def _serving(self, family: DeliveryFamily) -> tuple[int, ...]:
         """Catalog positions of the programs that serve a delivery family (fixed per catalog)."""
@@ -530,7 +562,8 @@ class Scheduler:
         if plan.reason in EXPLORATION_REASONS:
             self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
         self._frames.append(
-            Frame.submitted(fence, plan, participants, normalizer, start_ns + plan.estimated_duration_ns, queued)
+            Frame.submitted(fence, plan, participants, normalizer, start_ns + plan.estimated_duration_ns, queued,
+                            self.policy.adaptation_ms)
         )
         self._last_fence = fence
 

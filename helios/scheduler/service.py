@@ -158,7 +158,10 @@ class ServiceHistory:
 
     def projected(self, service: FrameService, adaptation_ms: float) -> "ServiceHistory":
         """A copy advanced by one queued frame's expected service (A10); self is untouched."""
-        decay = decay_factor(service.duration_ms, adaptation_ms)
+        return self.projected_with_decay(service, decay_factor(service.duration_ms, adaptation_ms))
+
+    def projected_with_decay(self, service: FrameService, decay: float) -> "ServiceHistory":
+        """``projected`` with the frame's ``decay_factor`` already computed (it is shared by all its members)."""
         token_rate = blend(self.token_rate, service.tokens, service.duration_ms, decay)
         delivery_rate = self.delivery_rate
         if delivery_rate is not None:
