@@ -383,8 +383,15 @@ class Scheduler:
         if choice is None:
             return None
         log_scale = choice.log_scale  # the decision's common scaling (U7), kept for a funded replacement
-        funded = self._explorer.choose(Decision(choice, timings, population, self.now_ns),
-                                       self.exploration, self.cost, self._probe_subject)
+        decision = Decision(choice, timings, population, self.now_ns)
+        if self._frames:
+            # A8: behind queued work, a funded plan would wait for the empty window
+            # like any plan needing feedback, so only whether one is due matters
+            due = choice.requires_feedback or self._explorer.would_fund(
+                decision, self.exploration, self.cost, self._probe_subject)
+            if due:
+                return None
+        funded = self._explorer.choose(decision, self.exploration, self.cost, self._probe_subject)
         if funded is not None:
             choice, reason, feedback = funded.choice, funded.reason, True
         else:

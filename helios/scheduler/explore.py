@@ -24,7 +24,7 @@ planning pays for exploration only while credit waits for a candidate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from helios.scheduler import policy as pol
@@ -101,6 +101,23 @@ class Explorer:
         handle = next(h for p, h in probes if p is pick.choice)
         return Funded(pick.reason, self._probe_choice(decision, pick.choice, handle))
 
+    def would_fund(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
+                   subject: Callable[[RequestHandle], ProbeSubject]) -> bool:
+        """Whether ``choose`` would fund anything, stopping at the first qualifying candidate.
+
+        With work queued the core cannot run a funded plan anyway (A8); it only
+        needs to know that one is due, not which, so the probes of the remaining
+        lanes are never built or ranked.
+        """
+        if decision.winner.reason is not SelectionReason.ORDINARY:
+            return False
+        if accounts.can_begin(SelectionReason.TIMING_REFRESH):
+            alternatives = self._stale_choices(decision)
+            if stale_alternatives(cost, {k: c.score for k, c in alternatives.items()}, decision.now_ns):
+                return True
+        learn = accounts.can_begin(SelectionReason.ACCEPTANCE_LEARNING) and not self.fixed_width
+        return learn and any(self._lane_probes(decision, subject))
+
     # -- timing refresh (D7) -------------------------------------------------
 
     def _stale_choices(self, decision: Decision) -> dict[CostKey, pol.Choice]:
@@ -121,14 +138,18 @@ class Explorer:
     # -- acceptance learning (D8) --------------------------------------------
 
     def _probes(self, decision: Decision, subject) -> list[tuple[ProbeCandidate, RequestHandle]]:
+        return [pair for found in self._lane_probes(decision, subject) for pair in found]
+
+    def _lane_probes(self, decision: Decision, subject) -> Iterator[list[tuple[ProbeCandidate, RequestHandle]]]:
+        """Per decode lane of the winner, in lane order: its probe candidates over every source."""
         prices = dict(zip(decision.population.decoders.handle, decision.population.decoders.token_price))
-        by_source: dict[str, list[WidthProgram]] = {}
-        out = []
+        by_source: dict[str, list[WidthProgram]] = {}  # per source: the same for every lane of this decision
         for lane in decision.winner.lanes:
             price = prices.get(lane.handle, 0.0)
             if lane.phase is not LanePhase.DECODE or price <= 0:
                 continue
             request = subject(lane.handle)
+            found = []
             for source, estimates in request.estimates.items():
                 if source not in by_source:
                     by_source[source] = self._programs(source, decision.timings)
@@ -138,8 +159,8 @@ class Explorer:
                 view = ProbeLane.from_estimates(estimates, self.max_depth, request.room,
                                                 self._ordinary(decision.winner, source),
                                                 token_value=price, alpha=self.alpha)
-                out.extend((c, lane.handle) for c in probe_candidates(view, programs))
-        return out
+                found.extend((c, lane.handle) for c in probe_candidates(view, programs))
+            yield found
 
     def _programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
         """Measured speculative programs of ``source``: per draft cap min(W - 1, D), only the best one.
