@@ -418,6 +418,7 @@ class CatalogInfo:
     graphs: tuple[GraphInfo, ...]
     dominators: tuple[tuple[int, ...], ...]
     prefill_sizes: tuple[int, ...]  # prompt capacities of the prefill graphs (D4)
+    groups: tuple[_Group, ...] = ()  # graphs that share their rankings, scored together
 
     def __getitem__(self, index: int) -> GraphInfo:
         return self.graphs[index]
@@ -444,7 +445,39 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
         for i, g in enumerate(graphs)
     )
     prefill_sizes = tuple(g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL)
-    return CatalogInfo(infos, dominators, prefill_sizes)
+    return CatalogInfo(infos, dominators, prefill_sizes, _groups(graphs, infos))
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Graphs whose candidates read the same rankings: one logical width and source, one prompt capacity.
+
+    ``scorer`` scores every member from those shared rankings; only the batch
+    capacity (and the duration) differs between members (U9).
+    """
+
+    scorer: Callable
+    source: str | None
+    width: int
+    prefill_capacity: int
+    members: tuple[int, ...]
+
+
+def _groups(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo]) -> tuple[_Group, ...]:
+    found: dict[tuple, list[int]] = {}
+    for index, (g, info) in enumerate(zip(graphs, infos)):
+        if g.kind in GENERATION_KINDS and not info.prefix_limit and not g.ragged:
+            key = (_score_rectangular, info.source, info.width, 0)
+        elif g.kind is GraphKind.PREFILL:
+            key = (_score_prefill, None, 1, g.prefill_capacity)
+        elif g.kind is GraphKind.MIXED:
+            key = (_score_mixed, info.source, info.width, g.prefill_capacity)
+        elif g.kind in _CANDIDATES:
+            key = (_score_one_by_one, info.source, info.width, g.prefill_capacity)
+        else:
+            continue
+        found.setdefault(key, []).append(index)
+    return tuple(_Group(*key, tuple(members)) for key, members in found.items())
 
 
 def _proposal_source(graph: GraphDescriptor) -> str | None:
@@ -694,6 +727,37 @@ def _built_mixed(sel: _Selector, index: int, graph: GraphDescriptor, timing: Gra
     return _Candidate(index, graph, timing, score, served, padding, logical, build)
 
 
+def _score_rectangular(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
+    """Rectangular decode and speculative programs of one width: the best B lanes of one ranking (U9)."""
+    untimed = sel.decode_ranking(group.source, group.width)
+    n = len(untimed.members)
+    if n == 0:
+        return
+    active = sel.pop.active_age_price
+    for index in group.members:
+        timing = timings[index]
+        r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(group.source, group.width, timing)
+        k = min(graphs[index].batch_capacity, n)
+        out[index] = (not timing.known, _score(r.ranked.prefix[k], r.slope_prefix[k], timing, active)), index, (r, k)
+
+
+def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
+    for index in group.members:
+        out[index] = _prefill_candidate(sel, index, graphs[index], timings[index])
+
+
+def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
+    for index in group.members:
+        out[index] = _mixed_candidate(sel, index, graphs[index], timings[index])
+
+
+def _score_one_by_one(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
+    """Ragged and prefix-limit programs: their own candidate functions (which may defer)."""
+    for index in group.members:
+        graph = graphs[index]
+        out[index] = _CANDIDATES[graph.kind](sel, index, graph, timings[index])
+
+
 _CANDIDATES = {
     GraphKind.DECODE: _generation_candidate,
     GraphKind.SPECULATIVE: _generation_candidate,
@@ -861,9 +925,10 @@ def select(
     described = described if described is not None else describe(graphs)
     sel = _Selector(population, described)
     scored, deferred = _Scored(sel, graphs, timings), []
-    for index, graph in enumerate(graphs):
-        make = _CANDIDATES.get(graph.kind)
-        c = make(sel, index, graph, timings[index]) if make else None
+    found: list = [None] * len(graphs)
+    for group in described.groups:
+        group.scorer(sel, group, graphs, timings, found)
+    for c in found:  # catalog order: ties keep it (U8)
         if isinstance(c, _Deferred):
             deferred.append(c)
         elif c is not None:
