@@ -103,6 +103,7 @@ class RequestState:
     prompt_done: int  # committed prompt position (cached prefix included)
     produced: int = 0  # committed output tokens
     survival: dict[str, tuple[float, ...]] = field(default_factory=dict)  # selection means per source
+    gains: dict[str, list[float]] = field(default_factory=dict)  # policy.cumulative_gains of each, kept with it
     last_output_ns: int | None = None  # last visible publication (output age)
     decoder_since_ns: int | None = None  # when the prompt finished (age before any output)
     last_selected_ns: int = -1  # last commit naming it (tie order: least recently used)
@@ -369,6 +370,7 @@ class Scheduler:
                 envelope = min(envelope, estimates.survival(depth))
                 means.append(envelope)
             state.survival[source] = tuple(means)
+            state.gains[source] = pol.cumulative_gains(state.survival[source], self.policy.adaptive_verification_alpha)
 
     # -- planning -----------------------------------------------------------
 
@@ -472,6 +474,7 @@ class Scheduler:
                 dec.age_slope.append(slope)
                 dec.room.append(room)
                 dec.survival.append(s.survival)
+                dec.gains.append(s.gains)
                 dec.recency.append(s.last_selected_ns)
             else:
                 position = s.prompt_done

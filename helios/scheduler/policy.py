@@ -63,6 +63,8 @@ class Decoders:
     age_slope       c_i*sigma_i     (multiplies the graph duration T)
     room            output tokens the request may still commit after queued work
     survival        per proposal source, prefix-survival means s_1, s_2, ... (S5)
+    gains           optional, per proposal source: ``cumulative_gains(survival, alpha)``,
+                    for callers that keep it between decisions (empty: computed here)
     """
 
     handle: list[RequestHandle] = field(default_factory=list)
@@ -73,9 +75,18 @@ class Decoders:
     room: list[int] = field(default_factory=list)
     survival: list[Mapping[str, Sequence[float]]] = field(default_factory=list)
     recency: list[int] = field(default_factory=list)
+    gains: list[Mapping[str, Sequence[float]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.handle)
+
+
+def cumulative_gains(survival: Sequence[float], alpha: float) -> list[float]:
+    """0, s_1**a, s_1**a + s_2**a, ...: expected extra tokens of the first d drafts in selection (S5)."""
+    row = [0.0]
+    for p in survival:
+        row.append(row[-1] + p ** alpha)
+    return row
 
 
 @dataclass(slots=True)
@@ -256,6 +267,7 @@ class _Selector:
         self.fixed: list[float] | None = None
         self.eligible: dict[str | None, tuple[list[int], list[float], bool]] = {}
         self.slope_prefixes: dict[str | None, list[float]] = {}
+        self.rows: dict[str, tuple[list[list[float]], list[int]]] = {}
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
         # a stable sort of an LRU-ordered population already breaks value ties by recency
@@ -268,17 +280,12 @@ class _Selector:
         """Per decoder: cumulative sums of s_d ** alpha for ``source`` (None without that source)."""
         gains = self.cumulative.get(source)
         if gains is None:
-            alpha = self.pop.alpha
-            gains = []
-            for survival in self.pop.decoders.survival:
-                s = survival.get(source)
-                if s is None:
-                    gains.append(None)
-                    continue
-                row = [0.0]
-                for p in s:
-                    row.append(row[-1] + p ** alpha)
-                gains.append(row)
+            d, alpha = self.pop.decoders, self.pop.alpha
+            if len(d.gains) == len(d):  # the caller keeps them current per request
+                gains = [g.get(source) for g in d.gains]
+            else:
+                gains = [None if (s := survival.get(source)) is None else cumulative_gains(s, alpha)
+                         for survival in d.survival]
             self.cumulative[source] = gains
         return gains
 
@@ -315,9 +322,13 @@ class _Selector:
             lengths = [1] * len(idx)
             expected = [1.0] * len(idx)
         else:
-            gains = self.cumulative[source]
-            lengths = [width] * len(idx) if self.least_room >= width else [min(width, room[i]) for i in idx]
-            expected = [min(float(room[i]), 1.0 + gains[i][min(n, len(gains[i])) - 1]) for i, n in zip(idx, lengths)]
+            rows, rooms = self._rows(source)
+            lengths = [width] * len(idx) if self.least_room >= width else [min(width, r) for r in rooms]
+            # 1 + the gains of the first n - 1 drafts, capped by the room (a comprehension: this is the hot loop)
+            expected = [
+                e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)
+                for g, n, r in zip(rows, lengths, rooms)
+            ]
         values = [e * price[i] + fixed[i] for i, e in zip(idx, expected)]
         if t_ms is not None:
             values = [v + t_ms * slope for v, slope in zip(values, slopes)]
@@ -353,6 +364,15 @@ class _Selector:
                 idx = [i for i, r in enumerate(d.room) if r >= 1 and gains[i] is not None]
             slopes = [d.age_slope[i] for i in idx]
             found = self.eligible[source] = (idx, slopes, len(set(slopes)) <= 1)
+        return found
+
+    def _rows(self, source: str) -> tuple[list[list[float]], list[int]]:
+        """Cumulative gains and room of the decoders eligible for ``source``, in eligibility order."""
+        found = self.rows.get(source)
+        if found is None:
+            idx = self._eligible(source)[0]
+            gains, room = self.cumulative[source], self.pop.decoders.room
+            found = self.rows[source] = ([gains[i] for i in idx], [room[i] for i in idx])
         return found
 
     def _uniform_slope_prefix(self, source: str | None, slopes: list[float]) -> list[float]:
