@@ -712,13 +712,20 @@ def _built_prefill(sel: _Selector, index: int, graph: GraphDescriptor, timing: G
 def _mixed_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
     """Best decode-only cohort vs best prompt row plus the best B-1 decoders (P7)."""
     info = sel.infos[index]
-    r = sel.decode_ranking(info.source, info.width, timing)
+    untimed = sel.decode_ranking(info.source, info.width)
+    return _mixed_entry(sel, index, graph, timing, untimed, sel.prompt_ranking(graph.prefill_capacity))
+
+
+def _mixed_entry(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, untimed: _DecodeRanking, prompts):
+    """``_mixed_candidate`` from rankings already in hand (shared by every mixed graph of one group)."""
+    r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(
+        sel.infos[index].source, sel.infos[index].width, timing)
     active = sel.pop.active_age_price
     best = None  # (score, prompt row or None, decoders served)
     k, base = r.ranked.best(graph.batch_capacity)
     if k:
         best = (_score(base, r.slope_prefix[k], timing, active), None, k)
-    ranked, tokens = sel.prompt_ranking(graph.prefill_capacity)
+    ranked, tokens = prompts
     if len(ranked) and graph.prefill_capacity:
         k2, base2 = r.ranked.best(graph.batch_capacity - 1)
         score = _score(ranked.prefix[1] + base2, r.slope_prefix[k2], timing, active)
@@ -767,8 +774,10 @@ def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) ->
 
 
 def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
+    untimed = sel.decode_ranking(group.source, group.width)
+    prompts = sel.prompt_ranking(group.prefill_capacity)
     for index in group.members:
-        out[index] = _mixed_candidate(sel, index, graphs[index], timings[index])
+        out[index] = _mixed_entry(sel, index, graphs[index], timings[index], untimed, prompts)
 
 
 def _score_one_by_one(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
