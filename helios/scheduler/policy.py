@@ -849,13 +849,18 @@ class _Scored:
 
     def is_dominated(self, entry: tuple) -> bool:
         """U12: another shape of the same kind does the same logical work with no larger capacity."""
-        key = None
+        c, key = self.candidate(entry), None
         for other in self.sel.infos.dominators[entry[1]]:
             found = self.by_index.get(other)
             if found is None:
                 continue
-            key = self.candidate(entry).logical_key() if key is None else key
-            if self.candidate(found).logical_key() == key:
+            o = self.candidate(found)
+            # every logical key names its served lanes, and generation keys the depth:
+            # a cheap necessary condition before the keys themselves are built
+            if o.served != c.served or o.graph.proposal_depth != c.graph.proposal_depth:
+                continue
+            key = c.logical_key() if key is None else key
+            if o.logical_key() == key:
                 return True
         return False
 
