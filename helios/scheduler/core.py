@@ -228,6 +228,7 @@ class Scheduler:
         self._family_graphs: dict[DeliveryFamily, tuple[int, ...]] = {}
         self._shapes_for: Sequence[pol.GraphTiming] | None = None  # the timings ``_shapes`` was built from
         self._shapes: dict[DeliveryFamily, tuple[ShapeTiming, ...]] = {}
+        self._family_batches: dict[DeliveryFamily, tuple[tuple[int, tuple[int, ...]], ...]] = {}
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
         self.cost = CostModel(self.policy.estimate_ttl_ns)
@@ -524,12 +525,22 @@ class Scheduler:
             self._shapes_for, self._shapes = timings, {}
         found = self._shapes.get(family)
         if found is None:
-            fastest: dict[int, float] = {}
+            shapes = []
+            for batch, indices in self._serving_by_batch(family):
+                measured = [timings[i].duration_ns / 1e6 for i in indices if timings[i].known]
+                if measured:
+                    shapes.append(ShapeTiming(min(measured), batch))
+            found = self._shapes[family] = tuple(shapes)
+        return found
+
+    def _serving_by_batch(self, family: DeliveryFamily) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """``_serving(family)`` grouped by batch capacity (fixed per catalog)."""
+        found = self._family_batches.get(family)
+        if found is None:
+            groups: dict[int, list[int]] = {}
             for i in self._serving(family):
-                if timings[i].known:
-                    batch, ms = self.graphs[i].batch_capacity, timings[i].duration_ns / 1e6
-                    fastest[batch] = min(ms, fastest.get(batch, ms))
-            found = self._shapes[family] = tuple(ShapeTiming(ms, batch) for batch, ms in fastest.items())
+                groups.setdefault(self.graphs[i].batch_capacity, []).append(i)
+            found = self._family_batches[family] = tuple((b, tuple(ix)) for b, ix in groups.items())
         return found
 
     def _serving(self, family: DeliveryFamily) -> tuple[int, ...]:
