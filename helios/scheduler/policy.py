@@ -268,6 +268,7 @@ class _Selector:
         self.eligible: dict[str | None, tuple[list[int], list[float], bool]] = {}
         self.slope_prefixes: dict[str | None, list[float]] = {}
         self.rows: dict[str, tuple[list[list[float]], list[int]]] = {}
+        self.priced: dict[str | None, tuple[list[float], list[float]]] = {}
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
         # a stable sort of an LRU-ordered population already breaks value ties by recency
@@ -317,7 +318,6 @@ class _Selector:
         """
         d = self.pop.decoders
         idx, slopes, uniform = self._eligible(source)
-        room, fixed, price = d.room, self._fixed_values(), d.token_price
         if source is None:
             lengths = [1] * len(idx)
             expected = [1.0] * len(idx)
@@ -329,7 +329,8 @@ class _Selector:
                 e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)
                 for g, n, r in zip(rows, lengths, rooms)
             ]
-        values = [e * price[i] + fixed[i] for i, e in zip(idx, expected)]
+        prices, fixed_parts = self._priced(source)
+        values = [e * p + f for e, p, f in zip(expected, prices, fixed_parts)]
         if t_ms is not None:
             values = [v + t_ms * slope for v, slope in zip(values, slopes)]
         ranked = RankedLanes.rank(values, None if self.decoders_lru else [d.recency[i] for i in idx])
@@ -341,7 +342,7 @@ class _Selector:
         else:
             slope_prefix = list(accumulate((slopes[j] for j in order), initial=0.0))
         return _DecodeRanking(
-            members=[idx[j] for j in order],
+            members=list(map(idx.__getitem__, order)),
             lengths=lengths if self.least_room >= width else [lengths[j] for j in order],
             ranked=ranked,
             slope_prefix=slope_prefix,
@@ -364,6 +365,14 @@ class _Selector:
                 idx = [i for i, r in enumerate(d.room) if r >= 1 and gains[i] is not None]
             slopes = [d.age_slope[i] for i in idx]
             found = self.eligible[source] = (idx, slopes, len(set(slopes)) <= 1)
+        return found
+
+    def _priced(self, source: str | None) -> tuple[list[float], list[float]]:
+        """Token price and width-independent value of the decoders eligible for ``source``."""
+        found = self.priced.get(source)
+        if found is None:
+            idx, price, fixed = self._eligible(source)[0], self.pop.decoders.token_price, self._fixed_values()
+            found = self.priced[source] = ([price[i] for i in idx], [fixed[i] for i in idx])
         return found
 
     def _rows(self, source: str) -> tuple[list[list[float]], list[int]]:

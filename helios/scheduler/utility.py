@@ -103,7 +103,7 @@ class RankedLanes:
             order = tuple(sorted(range(len(values)), key=values.__getitem__, reverse=True))
         else:
             order = tuple(sorted(range(len(values)), key=lambda i: (-values[i], recency[i])))
-        prefix = (0.0, *accumulate(values[i] for i in order))
+        prefix = tuple(accumulate(map(values.__getitem__, order), initial=0.0))
         return cls(order, prefix)
 
     def __len__(self) -> int:
