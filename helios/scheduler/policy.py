@@ -490,6 +490,7 @@ class _Group:
     width: int
     prefill_capacity: int
     members: tuple[int, ...]
+    batches: tuple[tuple[int, int], ...] = ()  # (member, its batch capacity)
 
 
 def _groups(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo]) -> tuple[_Group, ...]:
@@ -506,7 +507,10 @@ def _groups(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo]) -> tu
         else:
             continue
         found.setdefault(key, []).append(index)
-    return tuple(_Group(*key, tuple(members)) for key, members in found.items())
+    return tuple(
+        _Group(*key, tuple(members), tuple((i, graphs[i].batch_capacity) for i in members))
+        for key, members in found.items()
+    )
 
 
 def _proposal_source(graph: GraphDescriptor) -> str | None:
@@ -730,14 +734,15 @@ def _mixed_entry(sel: _Selector, index: int, graph: GraphDescriptor, timing: Gra
     r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(
         sel.infos[index].source, sel.infos[index].width, timing)
     active = sel.pop.active_age_price
+    prefix, slopes, n = r.ranked.prefix, r.slope_prefix, len(r.members)
     best = None  # (score, prompt row or None, decoders served)
-    k, base = r.ranked.best(graph.batch_capacity)
+    k = min(graph.batch_capacity, n)
     if k:
-        best = (_score(base, r.slope_prefix[k], timing, active), None, k)
+        best = (_score(prefix[k], slopes[k], timing, active), None, k)
     ranked, tokens = prompts
     if len(ranked) and graph.prefill_capacity:
-        k2, base2 = r.ranked.best(graph.batch_capacity - 1)
-        score = _score(ranked.prefix[1] + base2, r.slope_prefix[k2], timing, active)
+        k2 = min(graph.batch_capacity - 1, n)
+        score = _score(ranked.prefix[1] + prefix[k2], slopes[k2], timing, active)
         if best is None or score >= best[0]:  # on a tie the prompt row wins
             best = (score, ranked.order[0], k2)
     if best is None:
@@ -764,17 +769,29 @@ def _built_mixed(sel: _Selector, index: int, graph: GraphDescriptor, timing: Gra
 
 
 def _score_rectangular(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
-    """Rectangular decode and speculative programs of one width: the best B lanes of one ranking (U9)."""
+    """Rectangular decode and speculative programs of one width: the best B lanes of one ranking (U9).
+
+    The hottest loop of a decision, so it reads the shared prefix sums directly:
+    an unknown duration scores its optimistic work (U8), a known one its value
+    rate (U6), exactly as ``_score`` computes them.
+    """
     untimed = sel.decode_ranking(group.source, group.width)
     n = len(untimed.members)
     if n == 0:
         return
     active = sel.pop.active_age_price
-    for index in group.members:
+    prefix, slopes, uniform = untimed.ranked.prefix, untimed.slope_prefix, untimed.uniform_slope
+    for index, batch in group.batches:
         timing = timings[index]
-        r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(group.source, group.width, timing)
-        k = min(graphs[index].batch_capacity, n)
-        out[index] = (not timing.known, _score(r.ranked.prefix[k], r.slope_prefix[k], timing, active)), index, (r, k)
+        k = batch if batch < n else n
+        if timing.duration_ns <= 0:
+            out[index] = (True, prefix[k]), index, (untimed, k)
+        elif uniform:
+            t_ms = timing.duration_ns / 1e6
+            out[index] = (False, value_rate(prefix[k] + slopes[k] * t_ms, t_ms, active)), index, (untimed, k)
+        else:
+            r = sel.decode_ranking(group.source, group.width, timing)
+            out[index] = (False, _score(r.ranked.prefix[k], r.slope_prefix[k], timing, active)), index, (r, k)
 
 
 def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
