@@ -501,7 +501,10 @@ class Scheduler:
         return history, delivered
 
     def _reference_intervals(self, decoders: Sequence[RequestState], timings) -> dict[str | None, float]:
-        """sigma per delivery family, keyed by its proposal source (U5): K counts decoders only, k those of the family."""
+        """sigma per delivery family, keyed by its proposal source (U5).
+
+        K counts decoders only, k those of the family.
+        """
         total = len(decoders)
         counts: dict[str | None, int] = {}
         for s in decoders:

@@ -18,8 +18,8 @@ Order of a decision:
 from __future__ import annotations
 
 import math
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable, Mapping, Sequence
 
 from helios.scheduler import rounds
@@ -470,7 +470,8 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
         for g in graphs
     )
     dominators = tuple(
-        tuple(j for j, o in enumerate(graphs) if o.kind is g.kind and _dominates(infos[j].capacities, infos[i].capacities))
+        tuple(j for j, o in enumerate(graphs)
+              if o.kind is g.kind and _dominates(infos[j].capacities, infos[i].capacities))
         for i, g in enumerate(graphs)
     )
     prefill_sizes = tuple(g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL)
@@ -729,7 +730,8 @@ def _mixed_candidate(sel: _Selector, index: int, graph: GraphDescriptor, timing:
     return _mixed_entry(sel, index, graph, timing, untimed, sel.prompt_ranking(graph.prefill_capacity))
 
 
-def _mixed_entry(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, untimed: _DecodeRanking, prompts):
+def _mixed_entry(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming,
+                 untimed: _DecodeRanking, prompts):
     """``_mixed_candidate`` from rankings already in hand (shared by every mixed graph of one group)."""
     r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(
         sel.infos[index].source, sel.infos[index].width, timing)
