@@ -877,20 +877,27 @@ class _Scored:
 
     def is_dominated(self, entry: tuple) -> bool:
         """U12: another shape of the same kind does the same logical work with no larger capacity."""
-        c, key = self.candidate(entry), None
+        served, depth, key = self.served(entry), self.graphs[entry[1]].proposal_depth, None
         for other in self.sel.infos.dominators[entry[1]]:
             found = self.by_index.get(other)
-            if found is None:
-                continue
-            o = self.candidate(found)
             # every logical key names its served lanes, and generation keys the depth:
-            # a cheap necessary condition before the keys themselves are built
-            if o.served != c.served or o.graph.proposal_depth != c.graph.proposal_depth:
+            # a cheap necessary condition before any candidate or key is built
+            if found is None or self.served(found) != served or self.graphs[other].proposal_depth != depth:
                 continue
-            key = c.logical_key() if key is None else key
-            if o.logical_key() == key:
+            key = self.candidate(entry).logical_key() if key is None else key
+            if self.candidate(found).logical_key() == key:
                 return True
         return False
+
+    def served(self, entry: tuple) -> int:
+        """Lanes the entry's candidate serves, read from its payload without building it."""
+        rank, index, payload = entry
+        if isinstance(payload, _Candidate):
+            return payload.served
+        if self.graphs[index].kind is GraphKind.MIXED:
+            _, prompt, k, _ = payload
+            return k + (prompt is not None)
+        return payload[-1]  # generation (ranking, k) and prefill (ranking, tokens, k)
 
     def best_undominated(self) -> list[tuple]:
         """Every entry tied at the best rank among those no padded alternative dominates.
