@@ -300,7 +300,12 @@ def test_C1_C14_bundled_catalog_runs_in_a_fresh_process_exactly_like_eager(tmp_p
     for entry in catalog.manifest.programs:
         diffs = _compare(entry.id, _eager(entry, recipe, layout, frames[entry.id], state), loaded[entry.id], state)
         print(f"{entry.id}: max abs diff " + ", ".join(f"{k}={v:.3g}" for k, v in diffs.items()))
-        assert max(diffs.values()) == 0.0, f"{entry.id}: the loaded program differs from eager: {diffs}"
+        # Integer outputs (sampled tokens, counts) must agree exactly. Float values
+        # may differ in the last bits: the fresh process can pick other BLAS
+        # kernels (thread count, load) for the same matmul, so fp32 tolerance.
+        exact = {k: v for k, v in diffs.items() if k in ("tokens", "num_tokens")}
+        assert max(exact.values(), default=0.0) == 0.0, f"{entry.id}: loaded tokens differ from eager: {diffs}"
+        assert max(diffs.values()) <= 1e-5, f"{entry.id}: the loaded program differs from eager: {diffs}"
         kinds.add(entry.descriptor.kind.value)
     assert kinds == {"prefill", "scored_prefill", "decode", "speculative", "mixed"}
 
