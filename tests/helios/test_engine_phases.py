@@ -134,6 +134,28 @@ def test_S1_speculative_rounds_with_copy_drafts_commit_what_plain_decoding_would
     assert any(e.graph_kind == "speculative" for e in stats.executions)
 
 
+def test_A13_C14_prompts_arriving_during_decode_may_run_mixed_and_commit_what_serial_runs_would(catalog, eager):
+    texts = ["a long running stream", "late arrival number one", "another late prompt here"]
+
+    async def serial(engine):
+        return [await collect(engine, request(engine, f"q{i}", t, 30)) for i, t in enumerate(texts)]
+
+    async def overlapping(engine):
+        first = asyncio.ensure_future(collect(engine, request(engine, "q0", texts[0], 30)))
+        late = []
+        for i, text in enumerate(texts[1:], start=1):
+            await asyncio.sleep(0.05)  # arrive while the first stream decodes
+            late.append(asyncio.ensure_future(collect(engine, request(engine, f"q{i}", text, 30))))
+        return [await first, *[await t for t in late]]
+
+    expected = serve(make_engine(catalog, eager, "adaptive"), serial)
+    engine = make_engine(catalog, eager, "adaptive")
+    engine.warm_up()
+    got = serve(engine, overlapping)
+    assert [r[1] for r in got] == [r[1] for r in expected]
+    assert any(e.graph_kind == "mixed" for e in engine.stats().executions), engine.stats().executions
+
+
 def test_prompt_lookup_copies_what_followed_the_last_ngram():
     assert prompt_lookup([1, 2, 3, 9, 1, 2, 3], 2) == (9, 1)
     assert prompt_lookup([5, 6, 7], 3) == (7, 7, 7)  # nothing to copy: repeat the last token
@@ -295,11 +317,14 @@ POISON = 254  # a byte token only the poisoned prompt contains
 
 
 def test_a_raising_program_fails_only_its_frames_requests(catalog, eager):
+    failed_rows = []
+
     def program_for(graph_id):
         program = eager(graph_id)
 
         def maybe_raise(**named):
             if "prompt_tokens" in named and (named["prompt_tokens"] == POISON).any():
+                failed_rows.append(int((named["query_lens"] > 0).sum()))
                 raise RuntimeError("injected failure")
             return program(**named)
         return maybe_raise
@@ -315,8 +340,11 @@ def test_a_raising_program_fails_only_its_frames_requests(catalog, eager):
         return results, after
 
     results, after = serve(engine, body)
+    failed = [r for r in results if isinstance(r, Exception)]
     assert isinstance(results[0], GenerationFailed) and "injected failure" in str(results[0])
-    assert all(not isinstance(r, Exception) and r[2] is not None for r in results[1:])
+    assert all(isinstance(r, GenerationFailed) for r in failed)
+    assert len(failed_rows) == 1 and len(failed) == failed_rows[0], "exactly the rows of the failing frame fail"
+    assert all(r[2] is not None for r in results if not isinstance(r, Exception))
     assert len(after[1]) == 6
     engine.pages.assert_no_leaks()
 

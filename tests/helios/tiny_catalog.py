@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-PROGRAMS = ("prefill_p64", "prefill_p256", "decode_b1", "decode_b2", "decode_b4", "spec_b2_d1_w2_p4")
+PROGRAMS = ("prefill_p64", "prefill_p256", "decode_b1", "decode_b2", "decode_b4", "spec_b2_d1_w2_p4",
+            "mixed_b2_w1_p64", "mixed_b2_w2_p256_spec")
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("ignition/models", "ignition/capture", "ignition/capacity", "ignition/recipes", "helios/ops",
            "helios/catalog.py")
@@ -43,7 +44,7 @@ def cache_folder(config, tmp_path_factory) -> Path:
 
 def tiny_catalog_path(base: Path) -> Path:
     """Capture (once) the bundled model with only ``PROGRAMS``; returns the catalog folder."""
-    from ignition.capacity import plan_capacity
+    from ignition.capacity import CapacityOptions, plan_capacity
     from ignition.capture import write_catalog
     from ignition.capture.pipeline import model_source
     from ignition.recipes import load_recipe
@@ -53,7 +54,7 @@ def tiny_catalog_path(base: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "catalog.yaml").is_file():
             recipe = load_recipe("flare-tiny").resolve()
-            plan = plan_capacity(recipe)
+            plan = plan_capacity(recipe, CapacityOptions(mixed_prefill=True))
             graphs = tuple(g for g in plan.graphs if g.id in PROGRAMS)
             source = dataclasses.replace(model_source(recipe, plan), graphs=graphs)
             write_catalog(source, folder)
