@@ -858,6 +858,10 @@ class _Scored:
         self.entries.append(entry)
         self.by_index[entry[1]] = entry
 
+    def add_all(self, entries: list[tuple]) -> None:
+        self.entries.extend(entries)
+        self.by_index.update((e[1], e) for e in entries)
+
     def add_built(self, c: _Candidate) -> None:
         self.built[c.index] = c
         self.add((c.rank_key(), c.index, c))
@@ -908,7 +912,7 @@ class _Scored:
         """
         if not self.entries:
             return []
-        top = max(e[0] for e in self.entries)
+        top = max(map(_rank_of, self.entries))
         tied = [e for e in self.entries if e[0] == top and not self.is_dominated(e)]
         if tied:
             return tied
@@ -993,15 +997,13 @@ def select(
     """
     described = described if described is not None else describe(graphs)
     sel = _Selector(population, described)
-    scored, deferred = _Scored(sel, graphs, timings), []
+    scored = _Scored(sel, graphs, timings)
     found: list = [None] * len(graphs)
     for group in described.groups:
         group.scorer(sel, group, graphs, timings, found)
-    for c in found:  # catalog order: ties keep it (U8)
-        if isinstance(c, _Deferred):
-            deferred.append(c)
-        elif c is not None:
-            scored.add(c)
+    # catalog order: ties keep it (U8)
+    scored.add_all([c for c in found if type(c) is tuple])
+    deferred = [c for c in found if isinstance(c, _Deferred)]
     for entry in [e for e in scored.entries if e[0][0] and graphs[e[1]].kind is GraphKind.PREFILL]:
         if _explores_redundantly(scored.candidate(entry), sel, described.prefill_sizes):
             scored.drop(entry[1])
