@@ -360,16 +360,32 @@ class HeliosEngine:
             batch = [self._events.get()]
             while not self._events.empty():
                 batch.append(self._events.get())
+            if any(isinstance(event, _Stop) for event in batch):
+                self._work.put(None)
+                return
             began = time.perf_counter_ns()
             with self._lock:
-                for event in batch:
-                    if isinstance(event, _Stop):
-                        self._work.put(None)
-                        return
-                    self._handle(event)
-                self._admit_waiting()
-                self._fill_frames()
+                try:
+                    self._step(batch)
+                except Exception as exc:  # a bug here must not leave clients waiting forever
+                    self._break_down(exc)
                 self._counters.host_ns += time.perf_counter_ns() - began
+
+    def _step(self, batch) -> None:
+        for event in batch:
+            self._handle(event)
+        self._admit_waiting()
+        self._fill_frames()
+
+    def _break_down(self, error: Exception) -> None:
+        """The control loop itself failed: stop admitting and fail every request (health turns 503)."""
+        log.critical("engine control loop failed; refusing new requests", exc_info=error)
+        self._accepting = False
+        for live in [*self._waiting, *self._by_slot.values()]:
+            if not live.done:
+                live.done = True
+                live.deliver(GenerationFailed(f"the engine failed: {error}"))
+        self._waiting.clear()
 
     def _handle(self, event) -> None:
         if isinstance(event, _Submitted):

@@ -380,3 +380,23 @@ def test_warm_up_calls_every_program_with_inactive_rows_and_mutates_nothing(cata
     engine.warm_up()
     assert sorted(called) == sorted(g.id for g in catalog.descriptors)
     assert all(bool((t == 3).all()) for t in engine.executor.state.values())
+
+
+def test_an_internal_error_fails_every_request_and_stops_admitting_instead_of_hanging(catalog, eager):
+    engine = make_engine(catalog, eager)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("scheduler bug")
+
+    engine.scheduler.plan = broken
+
+    async def body(engine):
+        results = await asyncio.gather(*(collect(engine, request(engine, f"b{i}", "hello", 4)) for i in range(2)),
+                                       return_exceptions=True)
+        with pytest.raises(EngineUnavailable):
+            engine.submit(request(engine, "later", "hello", 4))
+        return results
+
+    results = serve(engine, body)
+    assert all(isinstance(r, GenerationFailed) and "scheduler bug" in str(r) for r in results)
+    assert not engine.stats().accepting
