@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import queue
 import random
 import threading
