@@ -1,4 +1,4 @@
-"""``flare``: the runtime's command line (``simulate`` now; ``run`` and ``bench`` later).
+"""``flare``: the runtime's command line (``run``, ``simulate``, ``bench``).
 
 Commands are thin: parse, call one library function, render. Bad input is one
 line on stderr and exit status 2, never a traceback.
@@ -93,6 +93,40 @@ def simulate(
     if result.stalled:
         stderr.print("warning: the scheduler stopped planning with requests unfinished", highlight=False)
 
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def bench(
+    ctx: typer.Context,
+    url: str = typer.Option(..., "--url", help="Server base URL, e.g. http://127.0.0.1:8000."),
+    model: str = typer.Option("", "--model", help="Model name (default: the server's first in /v1/models)."),
+    endpoint: str = typer.Option("completions", "--endpoint", help="completions | chat."),
+    num_prompts: int = typer.Option(100, "--num-prompts", help="Requests to send."),
+    request_rate: str = typer.Option("inf", "--request-rate", help="Requests per second, or inf (all at once)."),
+    burstiness: float = typer.Option(1.0, "--burstiness", help="Gamma shape of the gaps; 1 is Poisson."),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="Most requests in flight."),
+    dataset: str = typer.Option("random", "--dataset", help="random | python-files | FILE.jsonl."),
+    input_len: str = typer.Option("128:512", "--input-len", help="Prompt tokens, N or A:B (estimated)."),
+    output_len: str = typer.Option("64:256", "--output-len", help="max_tokens per request, N or A:B."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the dataset and the arrival gaps."),
+    goodput: list[str] = typer.Option([], "--goodput", help="SLOs ttft:MS tpot:MS e2el:MS (vLLM's form)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer token for the server."),
+    fairness_window_ms: float = typer.Option(500.0, "--fairness-window-ms", help="Window of Jain's index."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results (vLLM's keys) to this file."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Draw latency CDFs and a timeline to this PNG."),
+) -> None:
+    """Benchmark any OpenAI-compatible server with vLLM's metric definitions (docs/cli.md)."""
+    from helios.bench.command import bench as run_bench
+    from helios.bench.options import BenchFlags
+
+    if ctx.args and not goodput:  # after --goodput, bare NAME:MS words continue it, as in vLLM
+        stderr.print(f"error: unexpected argument {ctx.args[0]!r}", markup=False, highlight=False)
+        raise typer.Exit(BAD_INPUT)
+    flags = BenchFlags(url, model, endpoint, num_prompts, request_rate, burstiness, max_concurrency, dataset,
+                       input_len, output_len, seed, (*goodput, *ctx.args), api_key, fairness_window_ms)
+    status = run_bench(flags, json_out, plot_out, Console(), stderr)
+    if status:
+        raise typer.Exit(status)
 
 def render_simulation(result: SimulationResult, console: Console) -> None:
     console.print(_requests_table(result))

@@ -1,5 +1,8 @@
 """Serving metrics of one simulated run, with the definitions of vLLM's ``bench serve``.
 
+The latency, goodput and Jain definitions are ``helios.bench.metrics``, shared
+with ``flare bench``; this module maps simulated outcomes onto them.
+
 Per request (bursts are the visible publications the simulator records; a
 speculative burst carries several tokens and counts as one chunk, as one SSE
 chunk does):
@@ -31,59 +34,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The shared definitions (flare bench measures real servers with the same ones); jain_index is re-exported.
+from helios.bench.metrics import Distribution, RequestLatency, Slo, Stream, jain_index  # noqa: F401
+from helios.bench.metrics import windowed_jain as shared_windowed_jain
 from helios.simulation_files import Trace
 from helios.simulator import RequestOutcome, SimulationResult
 
 NS_PER_MS = 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """Goodput targets in milliseconds; None leaves a latency unconstrained."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Distribution:
-    mean: float
-    median: float
-    p90: float
-    p99: float
-    max: float  # not in vLLM's set: a single long stall hides below p99 of thousands of gaps
-
-    @classmethod
-    def of(cls, values: list[float]) -> Distribution:
-        if not values:
-            return cls(math.nan, math.nan, math.nan, math.nan, math.nan)
-        data = np.asarray(values, dtype=float)
-        p50, p90, p99 = np.percentile(data, [50, 90, 99])
-        return cls(float(data.mean()), float(p50), float(p90), float(p99), float(data.max()))
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLatency:
-    ttft_ms: float
-    e2el_ms: float
-    tpot_ms: float | None  # None for a one-token output
-    itl_ms: tuple[float, ...]
-
-    def meets(self, slo: Slo) -> bool:
-        checks = ((slo.ttft_ms, self.ttft_ms), (slo.tpot_ms, self.tpot_ms or 0.0), (slo.e2el_ms, self.e2el_ms))
-        return all(limit is None or value <= limit for limit, value in checks)
-
-
 def request_latency(outcome: RequestOutcome) -> RequestLatency | None:
     """None for a request that never finished."""
     if outcome.finished_ns is None or not outcome.bursts:
         return None
-    ttft = (outcome.bursts[0].time_ns - outcome.arrival_ns) / NS_PER_MS
-    e2el = (outcome.bursts[-1].time_ns - outcome.arrival_ns) / NS_PER_MS
-    tokens = outcome.tokens
-    tpot = (e2el - ttft) / (tokens - 1) if tokens > 1 else None
-    return RequestLatency(ttft, e2el, tpot, tuple(outcome.gaps_ms()))
+    return RequestLatency.of(outcome.arrival_ns, [burst.time_ns for burst in outcome.bursts], outcome.tokens, NS_PER_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,30 +94,14 @@ def _duration_ns(result: SimulationResult) -> int:
     return max(finished, default=start) - start
 
 
-def jain_index(rates: list[float]) -> float:
-    """(sum x)^2 / (n * sum x^2): 1 when all are equal, 1/n when one takes everything."""
-    squares = sum(x * x for x in rates)
-    if not rates or squares == 0:
-        return math.nan
-    return sum(rates) ** 2 / (len(rates) * squares)
-
-
 def windowed_jain(outcomes: tuple[RequestOutcome, ...] | list[RequestOutcome], window_ms: float) -> float:
     """Mean Jain index over windows with at least two streams active throughout and some service."""
-    window = int(window_ms * NS_PER_MS)
-    streams = [o for o in outcomes if len(o.bursts) >= 2]
-    if not streams:
-        return math.nan
-    start = min(o.bursts[0].time_ns for o in streams)
-    end = max(o.bursts[-1].time_ns for o in streams)
-    indices = []
-    for left in range(start, end - window + 1, window):
-        right = left + window
-        active = [o for o in streams if o.bursts[0].time_ns <= left and o.bursts[-1].time_ns >= right]
-        rates = [o.tokens_by(right) - o.tokens_by(left) for o in active]
-        if len(active) >= 2 and sum(rates) > 0:
-            indices.append(jain_index([float(r) for r in rates]))
-    return float(np.mean(indices)) if indices else math.nan
+    return shared_windowed_jain([_stream(o) for o in outcomes], int(window_ms * NS_PER_MS))
+
+
+def _stream(outcome: RequestOutcome) -> Stream:
+    times = tuple(burst.time_ns for burst in outcome.bursts)
+    return Stream(times, tuple(float(total) for total in np.cumsum([burst.tokens for burst in outcome.bursts])))
 
 
 def service_difference(result: SimulationResult, trace: Trace, clients: dict[str, str], window_ms: float,
@@ -163,7 +111,7 @@ def service_difference(result: SimulationResult, trace: Trace, clients: dict[str
     by_client: dict[str, list[RequestOutcome]] = defaultdict(list)
     for outcome in result.requests:
         by_client[clients.get(outcome.id, "default")].append(outcome)
-    window = int(window_ms * NS_PER_MS)
+    window = int(int(window_ms * NS_PER_MS))
     spreads = []
     for left in range(0, result.end_ns - window + 1, window):
         right = left + window
