@@ -182,6 +182,8 @@ def test_A4_A7_publication_precedes_the_next_completion_and_a_second_decode_fram
     scheduler.complete = lambda fence, *a: (calls.append(("complete", fence)), complete(fence, *a))[1]
     scheduler.published_output = lambda h, fence: (calls.append(("published", fence)), published(h, fence))[1]
     scheduler.commit = traced_commit
+    admit, still_waiting = engine._admit_waiting, []
+    engine._admit_waiting = lambda: (admit(), still_waiting.append([live.request.request_id for live in engine._waiting]))
     texts = [f"stream number {i} says" for i in range(6)]  # 6 requests, 4 slots: two wait in the FIFO
 
     async def body(engine):
@@ -204,6 +206,9 @@ def test_A4_A7_publication_precedes_the_next_completion_and_a_second_decode_fram
             assert fence == last_completed, "a publication is reported before the next completion (A4)"
     assert queued_kinds and set(queued_kinds) <= {"decode", "speculative"}, "only generation frames queue (A7)"
     assert engine.frame_counters().queued_commits == len(queued_kinds)
+    assert max(map(len, still_waiting)) >= 1, "requests beyond the slots waited"
+    waited = [ids for ids in still_waiting if ids]
+    assert all(ids == sorted(ids, key=lambda rid: int(rid[1:])) for ids in waited), "the waiting line is FIFO"
     engine.pages.assert_no_leaks()
 
 
