@@ -122,8 +122,10 @@ def bench(
     if ctx.args and not goodput:  # after --goodput, bare NAME:MS words continue it, as in vLLM
         stderr.print(f"error: unexpected argument {ctx.args[0]!r}", markup=False, highlight=False)
         raise typer.Exit(BAD_INPUT)
-    flags = BenchFlags(url, model, endpoint, num_prompts, request_rate, burstiness, max_concurrency, dataset,
-                       input_len, output_len, seed, (*goodput, *ctx.args), api_key, fairness_window_ms)
+    flags = BenchFlags(url=url, model=model, endpoint=endpoint, num_prompts=num_prompts, request_rate=request_rate,
+                       burstiness=burstiness, max_concurrency=max_concurrency, dataset=dataset, input_len=input_len,
+                       output_len=output_len, seed=seed, goodput=(*goodput, *ctx.args), api_key=api_key,
+                       fairness_window_ms=fairness_window_ms)
     status = run_bench(flags, json_out, plot_out, Console(), stderr)
     if status:
         raise typer.Exit(status)

@@ -97,22 +97,22 @@ def _take_line(result: RequestResult, line: str, now: float) -> None:
         return
     if "error" in event:
         result.error = f"stream error: {_error_message(data)}"
-    elif text := _content(event):
+    elif (text := _content_text(event)) is not None:
         result.chunk_times.append(now)
-        result.chunk_chars.append(len(text[0]))
+        result.chunk_chars.append(len(text))
     if usage := event.get("usage"):
         result.prompt_tokens = usage.get("prompt_tokens")
         result.completion_tokens = usage.get("completion_tokens")
 
 
-def _content(event: dict) -> tuple[str] | None:
-    """The chunk's text as a 1-tuple (so an empty finishing chunk is still truthy), or None."""
+def _content_text(event: dict) -> str | None:
+    """The text of a content chunk ("" for a bare finishing chunk); None for any other event."""
     choices = event.get("choices")
     if not choices:
         return None
     choice = choices[0]
     text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
-    return (text or "",) if text or choice.get("finish_reason") else None
+    return text or "" if text or choice.get("finish_reason") else None
 
 
 def _error_message(body: str) -> str:

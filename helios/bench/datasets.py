@@ -41,13 +41,11 @@ class LengthRange:
     def parse(cls, text: str, flag: str) -> LengthRange:
         """``A:B`` or ``N``; both bounds positive and A <= B."""
         parts = text.split(":")
-        try:
-            low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
-        except ValueError:
-            low, high = 0, -1
-        if not 1 <= low <= high:
-            raise DatasetError(f"{flag} {text!r}: expected N or A:B with 1 <= A <= B (token counts)")
-        return cls(low, high)
+        if len(parts) <= 2 and all(part.strip().isdigit() for part in parts):
+            low, high = int(parts[0]), int(parts[-1])
+            if 1 <= low <= high:
+                return cls(low, high)
+        raise DatasetError(f"{flag} {text!r}: expected N or A:B with 1 <= A <= B (token counts)")
 
     def draw(self, rng: random.Random) -> int:
         return rng.randint(self.low, self.high)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from helios.bench.client import RequestResult
 from helios.bench.runner import BenchRun
-from helios.bench.summary import LATENCIES, Summary
+from helios.bench.summary import LATENCIES, Summary, latency
 
 PLOT_INSTALL_HINT = "--plot needs matplotlib: pip install 'flare[bench]' (or pip install matplotlib)"
 
@@ -110,8 +110,6 @@ def plot(run: BenchRun, path: Path) -> None:
 
 
 def _cdfs(axis, run: BenchRun) -> None:
-    from helios.bench.summary import latency
-
     latencies = [latency(r) for r in run.results if r.ok]
     series = {
         "TTFT": [lat.ttft_ms for lat in latencies],

@@ -50,7 +50,8 @@ class BenchConfig:
             (0 < self.burstiness < math.inf, f"--burstiness {self.burstiness}: expected a positive finite number"),
             (self.max_concurrency is None or self.max_concurrency >= 1,
              f"--max-concurrency {self.max_concurrency}: expected at least 1"),
-            (self.fairness_window_s > 0, f"--fairness-window-ms: expected a positive window"),
+            (0 < self.fairness_window_s < math.inf,
+             f"--fairness-window-ms {self.fairness_window_s * 1000}: expected a positive finite window"),
         )
         for ok, message in checks:
             if not ok:
