@@ -111,7 +111,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seeds the dataset and the arrival gaps."),
     goodput: list[str] = typer.Option([], "--goodput", help="SLOs ttft:MS tpot:MS e2el:MS (vLLM's form)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer token for the server."),
-    fairness_window_ms: float = typer.Option(500.0, "--fairness-window-ms", help="Window of Jain's index."),
+    fairness_window_ms: float = typer.Option(100.0, "--fairness-window-ms", help="Window of Jain's index (the simulator's too)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results (vLLM's keys) to this file."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Draw latency CDFs and a timeline to this PNG."),
 ) -> None:

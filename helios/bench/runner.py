@@ -38,7 +38,7 @@ class BenchConfig:
     burstiness: float = 1.0
     max_concurrency: int | None = None
     slo: Slo = field(default_factory=Slo)
-    fairness_window_s: float = 0.5
+    fairness_window_s: float = 0.1  # the simulator report's window too
     request_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
