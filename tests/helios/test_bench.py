@@ -193,6 +193,8 @@ def test_run_against_the_fake_engine_times_the_right_chunks(slow_server):
     assert len(run.results) * 7 == sum(len(lat) for lat in to_json(summary, run.results)["itls"])
     assert summary.request_goodput == pytest.approx(6 / summary.duration_s)
     assert 0.5 <= summary.jain_fairness_index <= 1.0
+    in_flight = [sum(o.sent <= r.sent < o.chunk_times[-1] for o in run.results) for r in run.results]
+    assert max(in_flight) == 3  # --max-concurrency 3 of 6 sent at once: a send waits for a slot
 
 
 def test_chat_endpoint_ignores_the_role_chunk(slow_server):
