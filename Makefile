@@ -17,8 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: install
-	$(BIN)/ignition capture default --out catalogs/flare-tiny
-	$(BIN)/ignition inspect catalogs/flare-tiny
+	$(BIN)/flare run $(FLARE_RUN_ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
