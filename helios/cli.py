@@ -42,6 +42,10 @@ def run(
     speculation: str = typer.Option("adaptive", "--speculation", help="off | fixed | adaptive."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this bearer token (or set FLARE_API_KEY)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads [default: every core]."),
+    speculative_width: Optional[int] = typer.Option(
+        None, "--speculative-width", help="Load only programs verifying at most W positions per row (a width the catalog has)."),
+    dump_estimates: Optional[Path] = typer.Option(
+        None, "--dump-estimates", help="On exit, write the learned durations as a synthetic catalog for flare simulate."),
 ) -> None:
     """Serve a catalog over an OpenAI-compatible HTTP API (docs/cli.md, docs/runtime.md)."""
     import logging
@@ -52,7 +56,7 @@ def run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         options = RunOptions(catalog, host, port, policy, terminal_value, terminal_age_price, alpha, speculation,
-                             api_key, threads)
+                             api_key, threads, speculative_width, dump_estimates)
         serve_catalog(options)
     except (LaunchError, CatalogError) as exc:
         stderr.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)

@@ -55,11 +55,13 @@ from helios.scheduler.types import (
     AdmitRequest,
     ExecutionTiming,
     GeneratedToken,
+    GraphDescriptor,
     GraphKind,
     LanePhase,
     PlannedLane,
     RequestHandle,
     ScheduledPlan,
+    ValueSource,
 )
 from helios.server.tokenizer import CheckpointTokenizer
 
@@ -80,6 +82,7 @@ class EngineConfig:
     threads: int | None = None  # torch intra-op threads; None: every core
     device: str = "cpu"
     frame_slots: int = 2  # 1 never queues a frame behind a running one (to measure what overlap buys)
+    speculative_width: int | None = None  # widest verification (W, pending token included) to load; None: all
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -88,6 +91,29 @@ class EngineConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.frame_slots not in (1, 2):
             raise ValueError(f"frame_slots must be 1 or 2 (spec A7), got {self.frame_slots}")
+        if self.speculative_width is not None and self.speculative_width < 1:
+            raise ValueError(f"speculative_width must be >= 1, got {self.speculative_width}")
+
+
+def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
+                    width: int | None = None) -> tuple[GraphDescriptor, ...]:
+    """Load-time selection (spec C6, Y3): drop programs, never invent capacities.
+
+    ``off`` (or ``width`` 1: zero drafts) keeps the ordinary, non-speculative
+    programs. ``fixed`` drops device-allocated (prefix-limit) rounds, which
+    need adaptive selection. ``width`` W keeps programs verifying at most W
+    positions per row, and must name a width some speculative program has.
+    """
+    if width is not None and width > 1 and not any(g.proposal_source and g.width == width for g in graphs):
+        widths = sorted({g.width for g in graphs if g.proposal_source})
+        raise ValueError(f"no speculative program of width {width} in the catalog; "
+                         f"its widths are {', '.join(map(str, widths)) or 'none'} (1 loads the ordinary programs only)")
+    if speculation == "off" or width == 1:
+        return tuple(g for g in graphs if g.proposal_source is None)
+    kept = tuple(g for g in graphs if width is None or g.width <= width)
+    if speculation == "fixed":
+        kept = tuple(g for g in kept if g.value_source is not ValueSource.PREFIX_LIMIT)
+    return kept
 
 
 # ---------------------------------------------------------------------------
@@ -235,11 +261,14 @@ class HeliosEngine:
         raw = Tokenizer.from_file(str(self.catalog.tokenizer_path / "tokenizer.json"))
         return frozenset(i for i in (raw.token_to_id(s) for s in EOS_SPELLINGS) if i is not None)
 
-    def _graphs(self):
-        graphs = self.catalog.descriptors
-        if self.config.speculation == "off":
-            graphs = tuple(g for g in graphs if g.proposal_source is None)
-        return graphs
+    def _graphs(self) -> tuple[GraphDescriptor, ...]:
+        return select_programs(self.catalog.descriptors, self.config.speculation, self.config.speculative_width)
+
+    def learned_durations(self) -> dict[str, int]:
+        """Program id -> the scheduler's current duration estimate (ns), for programs it has measured."""
+        with self._lock:
+            estimates = {g.id: self.scheduler.cost.estimate_ns(g.cost_key()) for g in self.scheduler.graphs}
+        return {graph_id: ns for graph_id, ns in estimates.items() if ns > 0}
 
     # -- lifecycle (event loop) ----------------------------------------------
 

@@ -6,7 +6,8 @@
 2. load and validate it;
 3. allocate the persistent state and build the engine (scheduler, pages);
 4. warm up: load every program and call it once with all rows inactive;
-5. serve over HTTP until SIGTERM/SIGINT, then drain.
+5. serve over HTTP until SIGTERM/SIGINT, then drain;
+6. with ``--dump-estimates FILE``: write the learned durations (helios/estimates.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 import torch
 
 from helios.catalog import Catalog, load
-from helios.engine import SPECULATION_MODES, EngineConfig, HeliosEngine
+from helios.engine import SPECULATION_MODES, EngineConfig, HeliosEngine, select_programs
+from helios.estimates import estimates_document, write_estimates
 from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
 
 log = logging.getLogger("flare.run")
@@ -49,6 +51,8 @@ class RunOptions:
     speculation: str = "adaptive"
     api_key: str | None = None
     threads: int | None = None
+    speculative_width: int | None = None  # None: every width the catalog has
+    dump_estimates: Path | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_PRESETS:
@@ -65,6 +69,12 @@ class RunOptions:
             raise LaunchError(f"--threads must be >= 1, got {self.threads}")
         if not 0 <= self.port <= 65535:
             raise LaunchError(f"--port must be in 0..65535, got {self.port}")
+        if self.speculative_width is not None and self.speculative_width < 1:
+            raise LaunchError(f"--speculative-width must be >= 1 (positions per row, pending token included), "
+                              f"got {self.speculative_width}")
+        if self.dump_estimates is not None and not self.dump_estimates.parent.is_dir():
+            raise LaunchError(f"--dump-estimates {self.dump_estimates}: folder {self.dump_estimates.parent} "
+                              "does not exist")
 
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig.preset(self.policy, terminal_value=self.terminal_value,
@@ -74,7 +84,15 @@ class RunOptions:
     def engine_config(self, catalog: Catalog) -> EngineConfig:
         """Threads default to every core: the device worker's program calls are the hot path."""
         threads = self.threads or os.cpu_count() or 1
-        return EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]))
+        return EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]),
+                            speculative_width=self.speculative_width)
+
+    def check_selection(self, catalog: Catalog) -> None:
+        """``--speculative-width`` must name programs the catalog has (spec C6, Y3)."""
+        try:
+            select_programs(catalog.descriptors, self.speculation, self.speculative_width)
+        except ValueError as exc:
+            raise LaunchError(f"--speculative-width {self.speculative_width}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------
@@ -86,6 +104,7 @@ def prepare_engine(options: RunOptions) -> HeliosEngine:
     """Steps 1-4: the engine ready to serve (each step logged with its duration)."""
     folder = options.catalog or bundled_catalog()
     catalog = _step(f"load catalog {folder}", lambda: _load(folder))
+    options.check_selection(catalog)
     engine = _step("allocate state and build the engine", lambda: HeliosEngine(catalog, options.engine_config(catalog)))
     log.info("torch threads: %d intra-op (--threads)", torch.get_num_threads())
     _step(f"warm up {len(engine.scheduler.graphs)} programs", engine.warm_up)
@@ -102,6 +121,19 @@ def run(options: RunOptions) -> None:
     server = uvicorn_server(engine, ServerConfig(api_key=api_key), options.host, options.port, log_level="warning")
     log.info("ready on http://%s:%d (model %s)", options.host, options.port, engine.model_name)
     server.run()
+    if options.dump_estimates is not None:
+        dump_estimates(engine, options.dump_estimates)
+
+
+def dump_estimates(engine: HeliosEngine, path: Path) -> None:
+    """Step 6: the scheduler's learned durations as a synthetic catalog ``flare simulate`` reads."""
+    text = estimates_document(engine.scheduler.graphs, engine.learned_durations(), engine.scheduler.request_slots,
+                              f"{engine.model_name} ({engine.catalog.path})")
+    if text is None:
+        log.warning("no program was measured; %s not written", path)
+        return
+    write_estimates(path, text)
+    log.info("learned durations written to %s", path)
 
 
 def _step(name: str, action):

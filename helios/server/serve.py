@@ -10,11 +10,19 @@ Shutdown (SIGTERM, SIGINT, or ``server.should_exit``) drains in this order:
    grace so those last chunks get out, then cancels what is left (and a
    cancelled response cancels its request);
 3. the lifespan calls ``engine.stop()``.
+
+A drained shutdown is a normal end: ``flare run`` returns and the process
+exits 0. (uvicorn by itself re-raises the signal it caught once it is done,
+so the process would die of SIGTERM; ``DrainingServer`` does not.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -38,6 +46,19 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._engine.begin_drain(self._grace_s)
         await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Route SIGINT/SIGTERM to a graceful exit, and do not re-raise them afterwards."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers can only be installed from the main thread
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def uvicorn_server(

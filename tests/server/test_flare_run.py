@@ -24,6 +24,7 @@ import pytest
 
 from helios import launch
 from helios.launch import LaunchError, RunOptions
+from helios.simulation_files import load_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
 from tiny_catalog import cache_folder, tiny_catalog_path  # noqa: E402
@@ -43,8 +44,10 @@ def server(request, tmp_path_factory):
     catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
     port = free_port()
     log_path = tmp_path_factory.mktemp("flare-run") / "server.log"
+    estimates = log_path.with_name("estimates.yaml")
     with open(log_path, "w") as log:
-        process = subprocess.Popen([*FLARE, "run", str(catalog), "--port", str(port), "--threads", "1"],
+        process = subprocess.Popen([*FLARE, "run", str(catalog), "--port", str(port), "--threads", "1",
+                                    "--dump-estimates", str(estimates)],
                                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -119,13 +122,43 @@ def test_flare_run_logs_each_startup_step(server):
         assert step in text, f"startup step {step!r} missing from the log:\n{text[-2000:]}"
 
 
-def test_sigterm_drains_and_exits_cleanly(server):
-    _, process, log_path = server
+def test_sigterm_drains_and_exits_cleanly_writing_the_learned_estimates(server, tmp_path):
+    base, process, log_path = server
+    reply = httpx.post(f"{base}/v1/completions", json={"model": "flare-tiny", "prompt": "Estimates, please",
+                                                        "max_tokens": 12, "temperature": 0}, timeout=60.0)
+    assert reply.status_code == 200
     process.send_signal(signal.SIGTERM)
-    # uvicorn re-raises the signal it handled once shutdown is complete, so the status may say SIGTERM
-    assert process.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert process.wait(timeout=60) == 0  # a drained shutdown is a clean exit, not death by the signal
     text = log_path.read_text()
-    assert "draining" in text and "engine stopped" in text, text[-2000:]
+    assert "draining" in text and "engine stopped" in text and "learned durations written" in text, text[-2000:]
+
+    estimates = log_path.with_name("estimates.yaml")
+    catalog = load_catalog(estimates)
+    kinds = {graph.descriptor.kind.value for graph in catalog.graphs}
+    assert "prefill" in kinds or "mixed" in kinds, kinds  # the prompts ran, so a prompt program was measured
+    assert all(graph.duration_ns > 0 for graph in catalog.graphs) and catalog.request_slots == 4
+    assert set(g.descriptor.id for g in catalog.graphs) <= set(tiny_programs())
+    trace = tmp_path / "trace.yaml"
+    trace.write_text("requests:\n  - {prompt_tokens: 40, max_tokens: 8}\n  - {prompt_tokens: 10, max_tokens: 4}\n")
+    simulated = subprocess.run([*FLARE, "simulate", str(estimates), str(trace), "--json"], cwd=REPO,
+                               capture_output=True, text=True, timeout=120)
+    assert simulated.returncode == 0, simulated.stderr
+    assert all(r["finished_ms"] is not None for r in json.loads(simulated.stdout)["requests"].values())
+
+
+def tiny_programs() -> tuple[str, ...]:
+    from tiny_catalog import PROGRAMS
+
+    return PROGRAMS
+
+
+def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(request, tmp_path_factory):
+    catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
+    result = subprocess.run([*FLARE, "run", str(catalog), "--speculative-width", "3", "--port", str(free_port())],
+                            cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--speculative-width 3" in errors[0] and "widths are 2 " in errors[0], result.stderr
 
 
 @pytest.mark.parametrize("flags, complaint", [
@@ -135,6 +168,8 @@ def test_sigterm_drains_and_exits_cleanly(server):
     ({"speculation": "sometimes"}, "off, fixed, adaptive"),
     ({"policy": "fastest"}, "balanced, throughput"),
     ({"threads": 0}, "--threads"),
+    ({"speculative_width": 0}, "--speculative-width must be >= 1"),
+    ({"dump_estimates": Path("/nonexistent-folder/estimates.yaml")}, "does not exist"),
 ])
 def test_run_options_refuse_bad_flags_naming_the_allowed_values(flags, complaint):
     with pytest.raises(LaunchError, match=re.escape(complaint)):

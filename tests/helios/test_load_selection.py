@@ -1,0 +1,54 @@
+"""Load-time program selection (spec C6, Y3): ``helios.engine.select_programs``."""
+
+from __future__ import annotations
+
+import pytest
+
+from helios.engine import select_programs
+from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
+
+SPEC = GraphKind.SPECULATIVE
+CATALOG = (
+    GraphDescriptor("prefill_p64", GraphKind.PREFILL, 1, prefill_capacity=64),
+    GraphDescriptor("decode_b4", GraphKind.DECODE, 4),
+    GraphDescriptor("spec_b4_w1", SPEC, 4, proposal_source="learned", speculation_enabled=True),
+    GraphDescriptor("spec_b4_w2", SPEC, 4, 1, 2, value_source=ValueSource.QUERY_LENGTH, proposal_source="learned"),
+    GraphDescriptor("spec_b1_w4", SPEC, 1, 3, 4, value_source=ValueSource.QUERY_LENGTH, proposal_source="learned"),
+    GraphDescriptor("spec_b4_w4_ql", SPEC, 4, 3, 4, 8, ragged=True, value_source=ValueSource.QUERY_LENGTH,
+                    proposal_source="learned"),
+    GraphDescriptor("spec_b4_w4_pl", SPEC, 4, 3, 4, 8, ragged=True, value_source=ValueSource.PREFIX_LIMIT,
+                    proposal_source="learned", confidence_width=3),
+    GraphDescriptor("mixed_b2_w4", GraphKind.MIXED, 2, 3, 4, prefill_capacity=64,
+                    value_source=ValueSource.QUERY_LENGTH, proposal_source="learned"),
+)
+
+
+def ids(graphs) -> set[str]:
+    return {g.id for g in graphs}
+
+
+def test_adaptive_without_a_width_keeps_everything():
+    assert select_programs(CATALOG, "adaptive") == CATALOG
+
+
+@pytest.mark.parametrize("mode, width", [("off", None), ("adaptive", 1), ("fixed", 1)])
+def test_Y3_zero_drafts_selects_the_ordinary_catalog(mode, width):
+    assert ids(select_programs(CATALOG, mode, width)) == {"prefill_p64", "decode_b4"}
+
+
+def test_C6_fixed_selection_keeps_host_allocated_ragged_and_drops_device_allocation():
+    kept = ids(select_programs(CATALOG, "fixed"))
+    assert "spec_b4_w4_ql" in kept and "spec_b4_w4_pl" not in kept
+    assert kept == ids(CATALOG) - {"spec_b4_w4_pl"}
+
+
+def test_C6_a_width_only_removes_wider_programs_speculative_and_mixed_alike():
+    kept = select_programs(CATALOG, "adaptive", 2)
+    assert ids(kept) == {"prefill_p64", "decode_b4", "spec_b4_w1", "spec_b4_w2"}
+    assert all(g.width <= 2 for g in kept)
+
+
+@pytest.mark.parametrize("width", [3, 5])
+def test_C6_a_width_no_program_has_is_refused_naming_the_widths_there_are(width):
+    with pytest.raises(ValueError, match=rf"no speculative program of width {width}.*widths are 1, 2, 4"):
+        select_programs(CATALOG, "adaptive", width)
