@@ -44,13 +44,17 @@ class Candidate:
     lanes: tuple[PlannedLane, ...]
     padding: int  # target rows the cohort leaves unused
     recency: int  # latest selection time among its requests (U8: less recently used wins)
+    row_search: bool = False  # priced by a row-budget search (constrained ragged or adaptive)
+    bound: tuple = ()  # row searches: the rank of the same lanes at full width, which no row budget exceeds
 
     def rank(self) -> tuple:
         return (not self.timing.known, self.score)  # unmeasured first, then value
 
     def tie(self) -> tuple:
         known_time = -self.timing.duration_ns if self.timing.known else 0
-        return (known_time, len(self.lanes), -self.recency, -self.padding)
+        # past U8's order, Helios prefers the programs it scores directly, then row searches by their
+        # bound (the order it evaluates them in); then catalog order (``max`` keeps the first)
+        return (known_time, len(self.lanes), -self.recency, -self.padding, not self.row_search, self.bound)
 
     def logical(self) -> tuple:
         """U12: what the round does, whatever its physical shape."""
@@ -173,16 +177,18 @@ def _host_allocated(graph: GraphDescriptor, timing: GraphTiming, pop: Population
         return None
     t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
     chosen = ordered[: graph.batch_capacity]
-    if graph.ragged and sum(lane.length for lane in chosen) > graph.target_rows:
+    total = sum(lane.value for lane in chosen) + sum(slopes[: len(chosen)]) * t_ms
+    row_search = graph.ragged and sum(lane.length for lane in chosen) > graph.target_rows
+    bound = (not timing.known, _score(total, timing, pop)) if row_search else ()
+    if row_search:
         chosen, total = _constrained(graph, ordered, slopes, t_ms)
-    else:
-        total = sum(lane.value for lane in chosen) + sum(slopes[: len(chosen)]) * t_ms
     if not chosen:
         return None
     lanes = tuple(PlannedLane(pop.decoders.handle[lane.index], LanePhase.DECODE, query_length=lane.length,
                               expected_tokens=lane.expected) for lane in chosen)
     padding = graph.target_rows - sum(lane.length for lane in chosen)
-    return Candidate(graph, timing, _score(total, timing, pop), lanes, padding, _recency(pop, chosen))
+    return Candidate(graph, timing, _score(total, timing, pop), lanes, padding, _recency(pop, chosen), row_search,
+                     bound)
 
 
 def _constrained(graph, ordered: list[_Lane], slopes: list[float], t_ms: float) -> tuple[list[_Lane], float]:
@@ -219,7 +225,17 @@ def _adaptive(graph: GraphDescriptor, timing: GraphTiming, pop: Population) -> C
                     expected_tokens=min(float(d.room[idx[j]]), 1.0 + sum(lanes[j].weights[: rows - 1])))
         for j, rows in zip(chosen, taken))
     recency = max(d.recency[idx[j]] for j in chosen)
-    return Candidate(graph, timing, _score(value, timing, pop), planned, graph.target_rows - sum(taken), recency)
+    return Candidate(graph, timing, _score(value, timing, pop), planned, graph.target_rows - sum(taken), recency,
+                     row_search=True, bound=_full_width_rank(graph, timing, pop))
+
+
+def _full_width_rank(graph: GraphDescriptor, timing: GraphTiming, pop: Population) -> tuple:
+    """The best min(B, P) lanes valued at the program's full logical width."""
+    ordered, slopes = _ranked_lanes(graph, timing, pop)
+    k = min(graph.batch_capacity, graph.target_rows, len(ordered))
+    t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
+    total = sum(lane.value for lane in ordered[:k]) + sum(slopes[:k]) * t_ms
+    return (not timing.known, _score(total, timing, pop))
 
 
 def _recency(pop: Population, chosen: Sequence[_Lane]) -> int:

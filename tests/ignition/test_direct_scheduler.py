@@ -165,10 +165,14 @@ def _whole_prompts(twins: Twins, handles, requests) -> ScheduledPlan:
     return ScheduledPlan(twins.warmup, lanes, SelectionReason.ORDINARY, MS, 0.0, 0.0)
 
 
-def _pruned_unevaluated(direct: DirectScheduler, helios_plan: ScheduledPlan | None) -> bool:
-    """Whether Helios's winner is padding per U12: a device- or constrained-allocated program does the
-    same logical work on smaller capacities. Helios evaluates such programs only when their score bound
-    can win, so it may not see the dominator; the direct scheduler evaluates every program."""
+def _helios_skipped_a_row_search(direct: DirectScheduler, helios_plan: ScheduledPlan | None) -> bool:
+    """Whether the choices differ only because Helios never evaluated a row-budget program.
+
+    Helios prices constrained ragged and adaptive programs only when an upper bound can beat the best
+    candidate in hand (policy._add_deferred), and that candidate may itself be pruned as padding (U12)
+    afterwards. Two outcomes follow, both seen here: Helios's winner is padding for a program it skipped,
+    or a skipped program had the higher value. The direct scheduler evaluates every program.
+    """
     if helios_plan is None:
         return False
     timings = direct._timings()
@@ -177,8 +181,9 @@ def _pruned_unevaluated(direct: DirectScheduler, helios_plan: ScheduledPlan | No
     winner = next(c for c in candidates if c.graph.id == helios_plan.graph.id)
     if _cohort(helios_plan)[1] != _cohort_of(winner):
         return False
-    return any(select._dominates(o, winner) and (o.graph.ragged or rounds.is_prefix_limit(o.graph))
-               for o in candidates)
+    best, _ = select.best_decode(direct.graphs, timings, pop)
+    padding = any(select._dominates(o, winner) and o.row_search for o in candidates)
+    return padding or (best.row_search and best.rank() > winner.rank())
 
 
 def _cohort_of(c: select.Candidate):
@@ -208,9 +213,9 @@ def test_U6_U9_U10_U12_decode_rounds_choose_what_helios_chooses(case):
     twins.run(_whole_prompts(twins, handles, requests), accepted, gaps[0], gaps[1])
     for step in range(rounds_before + 1):
         helios, direct = twins.each(lambda s: s.plan())
-        if _cohort(direct) != _cohort(helios) and _pruned_unevaluated(twins.pair[1], helios):
-            event("Helios missed a dominating program it never evaluated")
-            return  # Helios's accepted corner (policy._add_deferred): the direct path follows U12 here
+        if _cohort(direct) != _cohort(helios) and _helios_skipped_a_row_search(twins.pair[1], helios):
+            event("Helios skipped a row-budget program that decides")
+            return  # the direct path follows U6/U12 here; later rounds would diverge
         assert _cohort(direct) == _cohort(helios)
         event("same choice" if helios is not None else "nothing to run")
         if helios is None:
