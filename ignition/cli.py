@@ -182,6 +182,33 @@ def inspect(
         print_catalog_report(Console(), report)
 
 
+@app.command("debug-serve")
+def debug_serve(
+    ctx: typer.Context,
+    catalog: Annotated[Path, typer.Argument(help="A catalog folder written by `ignition capture`.")],
+    direct: Annotated[bool, typer.Option("--direct", help="Schedule with ignition's own small scheduler (required).")] = False,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Log every scheduling decision on one line.")] = False,
+    threads: Annotated[
+        Optional[int], typer.Option("--threads", help="Torch intra-op threads [default: every core].")
+    ] = None,
+) -> None:
+    """Serve a catalog with a diagnostic scheduler, to tell a capture bug from a scheduling bug (docs/debug-serve.md)."""
+    import logging
+    import sys
+
+    from ignition.direct.serve import DebugServeOptions, prepare_engine, run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    with user_errors(ctx):
+        if not direct:
+            raise ValueError("debug-serve has one mode: pass --direct (ignition debug-serve --direct CATALOG)")
+        options = DebugServeOptions(catalog, host, port, verbose, threads)
+        engine = prepare_engine(options)
+    run(options, engine)
+
+
 def main() -> None:
     """Console-script entry point (``ignition``)."""
     app()

@@ -1,0 +1,83 @@
+"""``ignition debug-serve --direct``: load, build the direct engine, warm up, serve (docs/debug-serve.md).
+
+The app is ``helios.server.create_app``'s (the same endpoints, validation and
+errors as ``flare run``) plus one route of this server only: ``GET
+/debug/state``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from helios.catalog import load
+from helios.engine import EngineConfig
+from helios.server.app import ServerConfig, create_app
+from helios.server.serve import DEFAULT_GRACE_S, DRAIN_MARGIN_S, DrainingServer
+from ignition.direct.engine import DirectEngine
+from ignition.direct.scheduler import Decision
+
+log = logging.getLogger("ignition.debug_serve")
+
+
+@dataclass(frozen=True, slots=True)
+class DebugServeOptions:
+    """The command's flags, validated at construction."""
+
+    catalog: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    verbose: bool = False
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+
+
+def build_app(engine: DirectEngine, config: ServerConfig = ServerConfig()) -> FastAPI:
+    app = create_app(engine, config)
+
+    async def debug_state() -> JSONResponse:
+        return JSONResponse(engine.debug_state())
+
+    app.add_api_route("/debug/state", debug_state, methods=["GET"])
+    return app
+
+
+def prepare_engine(options: DebugServeOptions) -> DirectEngine:
+    """Load the catalog (a bad one raises ``ValueError``/``OSError``: one line, exit 2), build, warm up."""
+    began = time.monotonic()
+    catalog = load(options.catalog)
+    log.info("loaded catalog %s (%d programs) in %.1f s", options.catalog, len(catalog.descriptors),
+             time.monotonic() - began)
+    config = EngineConfig(threads=options.threads or os.cpu_count() or 1,
+                          device=str(catalog.manifest.device["kind"]))
+    engine = DirectEngine(catalog, config, on_decision=_log_decision if options.verbose else None)
+    began = time.monotonic()
+    engine.warm_up()
+    log.info("warmed up %d programs in %.1f s", len(engine.scheduler.graphs), time.monotonic() - began)
+    return engine
+
+
+def _log_decision(decision: Decision) -> None:
+    log.info("decision %s", decision.line())
+
+
+def run(options: DebugServeOptions, engine: DirectEngine) -> None:
+    """Serve ``engine`` (from :func:`prepare_engine`) until SIGINT/SIGTERM, then drain like ``flare run``."""
+    settings = uvicorn.Config(build_app(engine), host=options.host, port=options.port, log_level="warning",
+                              lifespan="on", timeout_graceful_shutdown=DEFAULT_GRACE_S + DRAIN_MARGIN_S)
+    server = DrainingServer(settings, engine, DEFAULT_GRACE_S)
+    log.info("direct scheduler ready on http://%s:%d (model %s); GET /debug/state", options.host, options.port,
+             engine.model_name)
+    server.run()

@@ -1,0 +1,121 @@
+"""``ignition debug-serve --direct``: the direct engine serves what Helios serves, over the same HTTP layer.
+
+Runs the cached slice of the bundled catalog (``tests/helios/tiny_catalog.py``)
+with eager twins of its programs, as the engine phase tests do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from helios.catalog import load
+from helios.engine import EngineConfig, HeliosEngine
+from helios.engine_api import GenerationRequest, SamplingParams
+from ignition.cli import app as ignition_app
+from ignition.direct.engine import DirectEngine
+from ignition.direct.scheduler import DECISIONS_KEPT
+from ignition.direct.serve import build_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
+from tiny_catalog import cache_folder, eager_programs, tiny_catalog_path  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = ("The quick brown fox", "Once upon a time, in a land far away,", "1, 2, 3, 4,")
+
+
+@pytest.fixture(scope="module")
+def catalog(request, tmp_path_factory):
+    return load(tiny_catalog_path(cache_folder(request.config, tmp_path_factory)))
+
+
+@pytest.fixture(scope="module")
+def eager(catalog):
+    return eager_programs(catalog)
+
+
+def greedy_outputs(engine, max_tokens: int) -> list[list[int]]:
+    """Token ids of every prompt in ``PROMPTS``, submitted together."""
+    async def one(i: int, text: str) -> list[int]:
+        ids = tuple(engine.tokenizer.encode(text, add_special_tokens=True))
+        return [t async for d in engine.submit(GenerationRequest(f"r{i}", ids, max_tokens, GREEDY)) for t in d.token_ids]
+
+    async def main():
+        await engine.start()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(i, t) for i, t in enumerate(PROMPTS))), 120)
+        finally:
+            await engine.stop()
+    return asyncio.run(main())
+
+
+def test_greedy_tokens_equal_helios_whatever_the_scheduler_picks(catalog, eager):
+    """The direct scheduler picks other programs and cohorts than Helios, the tokens stay the same."""
+    config = EngineConfig(speculation="adaptive", threads=1)
+    decisions = []
+    direct = DirectEngine(catalog, config, program_for=eager, on_decision=decisions.append)
+    reference = HeliosEngine(catalog, config, program_for=eager)
+    assert greedy_outputs(direct, 10) == greedy_outputs(reference, 10)
+    kinds = {next(g.kind.value for g in direct.scheduler.graphs if g.id == d.program) for d in decisions}
+    assert {"prefill"} < kinds  # prompts were chunked, then decode rounds ran
+    assert "mixed" not in kinds  # the direct path never uses mixed programs
+
+
+def test_debug_state_shows_estimates_requests_and_the_last_100_decisions(catalog, eager):
+    lines = []
+    engine = DirectEngine(catalog, EngineConfig(speculation="off", threads=1), program_for=eager,
+                          on_decision=lambda d: lines.append(d.line()))
+    with TestClient(build_app(engine)) as client:
+        reply = client.post("/v1/completions", json={"model": engine.model_name, "prompt": PROMPTS[0],
+                                                     "max_tokens": 120, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        state = client.get("/debug/state").json()
+    ran = {line.split()[1] for line in lines}  # every decision, not only the last 100
+    programs = {p["id"]: p for p in state["programs"]}
+    assert ran <= set(programs)
+    for program_id, p in programs.items():
+        if program_id in ran:
+            assert p["estimate_ns"] > 0 and p["age_ns"] >= 0
+        else:  # warm-up calls feed no estimate
+            assert p["estimate_ns"] == 0 and p["age_ns"] is None
+    assert all(math.isfinite(d["score"]) and d["lanes"] for d in state["decisions"])
+    assert len(state["decisions"]) == min(len(lines), DECISIONS_KEPT)
+    assert [d["program"] for d in state["decisions"]] == [line.split()[1] for line in lines[-DECISIONS_KEPT:]]
+    for r in state["requests"]:
+        assert r["phase"] in ("prompt", "decode") and r["produced"] <= r["max_tokens"]
+
+
+def test_debug_state_decisions_are_capped_at_100(catalog, eager):
+    engine = DirectEngine(catalog, EngineConfig(speculation="off", threads=1), program_for=eager)
+    greedy_outputs(engine, 60)  # three prompts, 60 tokens: well over 100 decisions unless EOS comes early
+    state = engine.debug_state()
+    assert len(state["decisions"]) <= DECISIONS_KEPT
+    total_tokens = sum(r["produced"] for r in state["requests"])
+    assert len(state["decisions"]) == DECISIONS_KEPT or total_tokens < DECISIONS_KEPT
+
+
+def test_bad_request_gets_the_same_openai_error_as_flare_run(catalog, eager):
+    engine = DirectEngine(catalog, EngineConfig(speculation="off", threads=1), program_for=eager)
+    with TestClient(build_app(engine)) as client:
+        reply = client.post("/v1/completions", json={"model": engine.model_name, "prompt": "hi", "max_tokens": -1})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "max_tokens"
+
+
+def test_catalog_that_fails_to_load_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "catalog.yaml").write_text("format_version: [")
+    result = CliRunner().invoke(ignition_app, ["debug-serve", "--direct", str(tmp_path)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and str(tmp_path) in lines[0]
+
+
+def test_debug_serve_without_direct_says_what_to_pass(tmp_path):
+    result = CliRunner().invoke(ignition_app, ["debug-serve", str(tmp_path)])
+    assert result.exit_code == 2 and "--direct" in result.output
