@@ -53,5 +53,6 @@ def _decision_json(d: Decision, now_ns: int) -> dict:
         "score": d.score,
         "estimated_ns": d.estimated_ns,
         "lanes": [{"slot": slot, "phase": phase, "rows": n} for slot, phase, n in d.lanes],
-        "runners_up": [{"program": p, "score": score} for p, score in d.runners_up],
+        "runners_up": [{"program": r.program, "score": r.score, "measured": r.measured, "padding": r.padding}
+                       for r in d.runners_up],
     }

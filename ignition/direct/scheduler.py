@@ -40,6 +40,21 @@ from ignition.direct import select
 from ignition.direct.cost import MovingAverageCost
 
 DECISIONS_KEPT = 100
+RUNNERS_UP = 8  # losers kept per decision
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerUp:
+    """A program that lost a decode decision, and why it could not win."""
+
+    program: str
+    score: float
+    measured: bool  # False: the score is the optimistic work score (U8), not a value rate
+    padding: bool  # pruned by U12: a smaller program does the same work
+
+    def label(self) -> str:
+        flags = "".join(f"({w})" for on, w in ((not self.measured, "unmeasured"), (self.padding, "padding")) if on)
+        return f"{self.program}={self.score:.4g}{flags}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +67,11 @@ class Decision:
     score: float  # unscaled: value per ms, or the optimistic work score while unmeasured
     estimated_ns: int
     lanes: tuple[tuple[int, str, int], ...]  # (slot, phase, prompt tokens or query length)
-    runners_up: tuple[tuple[str, float], ...]  # the next best programs and their scores
+    runners_up: tuple[RunnerUp, ...]  # the next best decode programs, best first
 
     def line(self) -> str:
         lanes = " ".join(f"{slot}:{phase[0]}{n}" for slot, phase, n in self.lanes)
-        others = ", ".join(f"{p}={s:.4g}" for p, s in self.runners_up[:3])
+        others = ", ".join(r.label() for r in self.runners_up[:3])
         return (f"t={self.at_ns / 1e9:.3f}s {self.program} {self.reason} score={self.score:.4g} "
                 f"est={self.estimated_ns / 1e6:.3f}ms lanes=[{lanes}] next=[{others}]")
 
@@ -134,7 +149,8 @@ class DirectScheduler(Scheduler):
             score=plan.scaled_value_rate / math.exp(plan.log_scale), estimated_ns=plan.estimated_duration_ns,
             lanes=tuple((lane.handle.slot, lane.phase.value, lane.prompt_tokens or lane.query_length)
                         for lane in plan.lanes),
-            runners_up=tuple((c.graph.id, c.score) for c in others[:8]),
+            runners_up=tuple(RunnerUp(c.graph.id, c.score, c.timing.known, select.is_padding(c, scored))
+                             for c in others[:RUNNERS_UP]),
         )
         self.decisions.append(decision)
         if self._on_decision is not None:

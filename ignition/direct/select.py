@@ -89,7 +89,7 @@ def best_decode(graphs: Sequence[GraphDescriptor], timings: Sequence[GraphTiming
                 pop: Population) -> tuple[Candidate | None, list[Candidate]]:
     """The winner after dominance pruning and the tie order, and every candidate scored."""
     candidates = decode_candidates(graphs, timings, pop)
-    kept = [c for c in candidates if not any(_dominates(o, c) for o in candidates)]
+    kept = [c for c in candidates if not is_padding(c, candidates)]
     if not kept:
         return None, candidates
     top = max(c.rank() for c in kept)
@@ -102,7 +102,12 @@ def as_choice(best: Candidate, scored: Sequence[Candidate]) -> Choice:
     return Choice(best.graph, best.lanes, best.timing, best.score, log_scale, None)
 
 
-def _dominates(small: Candidate, large: Candidate) -> bool:
+def is_padding(c: Candidate, candidates: Sequence[Candidate]) -> bool:
+    """U12: another program does the same logical work on smaller capacities."""
+    return any(dominates(o, c) for o in candidates)
+
+
+def dominates(small: Candidate, large: Candidate) -> bool:
     """U12: the same logical work on capacities all no larger and not all equal."""
     a, b = small.capacities(), large.capacities()
     return (small.graph.kind is large.graph.kind and a != b and all(x <= y for x, y in zip(a, b))

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 import pytest
 from fastapi.testclient import TestClient
@@ -87,6 +93,10 @@ def test_debug_state_shows_estimates_requests_and_the_last_100_decisions(catalog
     assert all(math.isfinite(d["score"]) and d["lanes"] for d in state["decisions"])
     assert len(state["decisions"]) == min(len(lines), DECISIONS_KEPT)
     assert [d["program"] for d in state["decisions"]] == [line.split()[1] for line in lines[-DECISIONS_KEPT:]]
+    for d in state["decisions"]:
+        if d["program"] == "decode_b1":  # one stream: the wider decode programs only add padding (U12)
+            wider = [r for r in d["runners_up"] if r["program"] in ("decode_b2", "decode_b4")]
+            assert wider and all(r["padding"] for r in wider)
     for r in state["requests"]:
         assert r["phase"] in ("prompt", "decode") and r["produced"] <= r["max_tokens"]
 
@@ -119,3 +129,44 @@ def test_catalog_that_fails_to_load_is_one_line_and_exit_2(tmp_path):
 def test_debug_serve_without_direct_says_what_to_pass(tmp_path):
     result = CliRunner().invoke(ignition_app, ["debug-serve", str(tmp_path)])
     assert result.exit_code == 2 and "--direct" in result.output
+
+
+@pytest.mark.slow
+def test_the_command_serves_over_http_logs_each_decision_and_stops_on_sigterm(request, tmp_path_factory, tmp_path):
+    folder = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "ignition.cli", "debug-serve", "--direct", str(folder),
+                                    "--port", str(port), "--verbose", "--threads", "1"],
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, process, log_path)
+        reply = httpx.post(f"{base}/v1/completions", json={"model": "flare-tiny", "prompt": PROMPTS[0],
+                                                          "max_tokens": 6, "temperature": 0}, timeout=60.0)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("length", "stop")
+        state = httpx.get(f"{base}/debug/state", timeout=10.0).json()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+    logged = [line for line in log_path.read_text().splitlines() if "debug_serve: decision " in line]
+    assert len(logged) == len(state["decisions"]) >= 2  # a prefill chunk, then decode rounds
+    assert all("score=" in line for line in logged)
+    assert code == 0
+
+
+def _wait_ready(base: str, process: subprocess.Popen, log_path: Path, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"debug-serve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"debug-serve not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")

@@ -182,7 +182,7 @@ def _helios_skipped_a_row_search(direct: DirectScheduler, helios_plan: Scheduled
     if _cohort(helios_plan)[1] != _cohort_of(winner):
         return False
     best, _ = select.best_decode(direct.graphs, timings, pop)
-    padding = any(select._dominates(o, winner) and o.row_search for o in candidates)
+    padding = any(select.dominates(o, winner) and o.row_search for o in candidates)
     return padding or (best.row_search and best.rank() > winner.rank())
 
 
