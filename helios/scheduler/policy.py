@@ -969,7 +969,10 @@ def _recency(c: _Candidate, sel: _Selector) -> int:
 def _add_deferred(scored: _Scored, deferred: Sequence[_Deferred]) -> None:
     """Evaluate expensive candidates best bound first, skipping those that cannot win.
 
-    A bound strictly below the best undominated candidate in hand cannot win.
+    A bound strictly below the best *undominated* candidate in hand cannot win.
+    The comparison is always against the undominated best: a candidate just
+    built may score highest and still be pruned as padding (U12), and a bound
+    compared with it would skip a program that wins once it is pruned.
     (A skipped shape could in principle have dominated that candidate with the
     same logical work at a longer measured duration; that corner is accepted.)
     """
@@ -981,7 +984,8 @@ def _add_deferred(scored: _Scored, deferred: Sequence[_Deferred]) -> None:
         c = d.make()
         if c is not None:
             scored.add_built(c)
-            best = c.rank_key() if best is None else max(best, c.rank_key())
+            leaders = scored.best_undominated()
+            best = leaders[0][0] if leaders else None
 
 
 def select(

@@ -337,3 +337,26 @@ def test_D5_U8_lone_cold_request_tries_its_largest_useful_extent():
     s.complete(1, [CompletionRecord(h, prompt_consumed=3000, tokens=(1,))], ExecutionTiming(30 * MS, 30 * MS))
     plan = s.plan()
     assert plan.graph.width == 8 and plan.reason is SelectionReason.DISCOVERY  # widest expected output
+
+
+def test_U12_a_pruned_padded_candidate_does_not_hide_a_smaller_program():
+    """U6/U12: the best-scoring prefix-limit program here is padding for a
+    rectangular one and gets pruned; the deferred search must then still
+    evaluate the next program whose bound could win (found by the direct
+    scheduler's equivalence test), instead of settling for plain decode."""
+
+    limit = ValueSource.PREFIX_LIMIT
+    durations = {
+        prefill(8): 1.0,
+        decode(1): 1.0,
+        spec(1, 3): 2.0,
+        spec(1, 2, aggregate=2, source=limit): 1.0,
+        spec(2, 3, aggregate=6, source=limit): 1.0,
+    }
+    scheduler = measured(durations, slots=4)
+    driver = Driver(scheduler, durations)
+    driver.admit(ask(1, 4, sources=("learned",)))
+    driver.step()  # the one-token prompt; the request now decodes
+    plan = scheduler.plan()
+    assert plan is not None
+    assert (plan.graph.batch_capacity, plan.graph.width, plan.graph.value_source) == (1, 2, limit)
