@@ -18,6 +18,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
+from torch import nn
 
 from ignition.models.qwen3 import Qwen3Config
 
@@ -67,7 +68,10 @@ def parameter_count(config: Qwen3Config) -> int:
     return sum(torch.Size(shape).numel() for shape in config.weight_shapes().values())
 
 
-def hf_config(config: Qwen3Config, tokenizer: Tokenizer) -> dict[str, object]:
+SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def hf_config(config: Qwen3Config, tokenizer: Tokenizer, dtype: str = "float32") -> dict[str, object]:
     """config.json in both transformers spellings of RoPE (4.x ``rope_theta``, 5.x ``rope_parameters``)."""
     return {
         "architectures": ["Qwen3ForCausalLM"],
@@ -86,7 +90,7 @@ def hf_config(config: Qwen3Config, tokenizer: Tokenizer) -> dict[str, object]:
         "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
         "attention_bias": config.attention_bias,
         "tie_word_embeddings": config.tie_word_embeddings,
-        "torch_dtype": "float32",
+        "torch_dtype": dtype,
         "bos_token_id": None,
         "eos_token_id": tokenizer.token_to_id(END_OF_TURN),
         "pad_token_id": tokenizer.token_to_id(END_OF_TEXT),
@@ -101,13 +105,20 @@ def build_model(config: Qwen3Config, tokenizer: Tokenizer, seed: int) -> transfo
     return transformers.Qwen3ForCausalLM(hf).float()
 
 
+def round_weights(model: nn.Module, dtype: str) -> None:
+    """Round the trained fp32 weights to the stored dtype in place, so evaluation measures what ships."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(SAVE_DTYPES[dtype]).float())
+
+
 def save_model(folder: Path, model: transformers.Qwen3ForCausalLM, config: Qwen3Config,
-               tokenizer: Tokenizer) -> None:
-    """config.json, model.safetensors (fp32, the loader's key set) and the tokenizer files."""
+               tokenizer: Tokenizer, dtype: str) -> None:
+    """config.json, model.safetensors (the loader's key set, in `dtype`) and the tokenizer files."""
     folder.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
-    weights = {key: state[key].detach().float().contiguous() for key in config.weight_keys()}
-    (folder / "config.json").write_text(json.dumps(hf_config(config, tokenizer), indent=2) + "\n")
+    weights = {key: state[key].detach().to(SAVE_DTYPES[dtype]).contiguous() for key in config.weight_keys()}
+    (folder / "config.json").write_text(json.dumps(hf_config(config, tokenizer, dtype), indent=2) + "\n")
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     write_tokenizer(folder, tokenizer, config.max_position_embeddings)
 

@@ -108,10 +108,13 @@ def test_folders_load_through_flare_and_transformers_with_the_same_weights(tiny_
         assert (ckpt.config.num_layers, ckpt.config.hidden_size) == (layers, hidden)
         assert ckpt.config.max_position_embeddings == 128
         assert ckpt.config.output_vocab_size == ckpt.config.vocab_size == summary["tokenizer"]["vocab_size"]
+        assert all(t.dtype == torch.bfloat16 for t in ckpt.weights.values())  # the default --save-dtype
         hf = transformers.Qwen3ForCausalLM.from_pretrained(folder).eval()
         state = hf.state_dict()
         for key, tensor in ckpt.weights.items():
-            torch.testing.assert_close(state[key], tensor, rtol=0, atol=0, msg=key)
+            torch.testing.assert_close(state[key].float(), tensor.float(), rtol=0, atol=0, msg=key)
+    on_disk = sum(f.stat().st_size for f in (root / "model").rglob("*") if f.is_file())
+    assert summary["size_bytes"] == on_disk
 
 
 def test_tokenizer_is_trained_bpe_with_special_tokens_and_chat_template(tiny_run):
@@ -235,3 +238,14 @@ def test_function_headers_are_top_level_one_line_defs_ending_at_the_colon():
     headers = ev.function_headers((SourceFile("m.py", text),), 10, seed=0)
     assert [h.line for h in headers] == ["def one(a, b):"]
     assert headers[0].context == "import os\n\n"
+
+
+def test_round_weights_leaves_exactly_the_values_that_bfloat16_storage_keeps():
+    from scripts.bundled_model.models import round_weights
+    model = _random_model(6)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    round_weights(model, "bfloat16")
+    for key, value in model.state_dict().items():
+        assert value.dtype == torch.float32
+        torch.testing.assert_close(value, before[key].to(torch.bfloat16).float(), rtol=0, atol=0, msg=key)
+    assert any(not torch.equal(model.state_dict()[k], before[k]) for k in before)  # rounding changed something
