@@ -33,7 +33,7 @@ from scripts.bundled_model.models import (  # noqa: E402
     DRAFT_SHAPE, SAVE_DTYPES, TARGET_SHAPE, ShapeError, build_model, round_weights, save_model, shape_summary,
 )
 from scripts.bundled_model.train import (  # noqa: E402
-    PhaseSettings, TokenStream, distillation_loss, next_token_loss, train_phase,
+    Objective, PhaseSettings, TokenStream, distillation_loss, next_token_loss, train_phase,
 )
 
 
@@ -111,36 +111,44 @@ def eval_settings(args: argparse.Namespace) -> ev.EvalSettings:
 
 def run(args: argparse.Namespace) -> dict[str, object]:
     torch.set_num_threads(args.threads)
-    target_shape, draft_shape = TARGET_SHAPE.with_overrides(args.target_shape), DRAFT_SHAPE.with_overrides(args.draft_shape)
+    shapes = {"target": TARGET_SHAPE.with_overrides(args.target_shape),
+              "draft": DRAFT_SHAPE.with_overrides(args.draft_shape)}
     corpus = load_corpus(args.corpus, args.heldout_percent)
     log(f"corpus: {len(corpus.train)} training and {len(corpus.heldout)} held-out files")
     tokenizer = train_tokenizer((f.text for f in corpus.train), args.vocab_size)
     train_stream, heldout = encode(tokenizer, corpus.train), encode(tokenizer, corpus.heldout)
     log(f"tokenizer: {tokenizer.get_vocab_size()} tokens; {len(train_stream)} training tokens")
-    vocab = tokenizer.get_vocab_size()
-    configs = {"target": target_shape.config(vocab, args.max_positions), "draft": draft_shape.config(vocab, args.max_positions)}
-    models, reports = {}, {}
-    for offset, name in enumerate(("target", "draft")):
-        models[name] = build_model(configs[name], tokenizer, args.seed + offset)
-        objective = distillation_loss(models["target"], args.bf16) if name == "draft" and args.draft_loss == "distill" else next_token_loss
+    models, summary = {}, {}
+    for offset, name in enumerate(("target", "draft")):  # the target first: a distilled draft learns from it
+        config = shapes[name].config(tokenizer.get_vocab_size(), args.max_positions)
+        models[name] = build_model(config, tokenizer, args.seed + offset)
         log(f"training {name} ({sum(p.numel() for p in models[name].parameters())} parameters)")
-        reports[name] = train_phase(models[name], TokenStream(train_stream), phase(args, name, 100 * offset), objective, log)
+        report = train_phase(models[name], TokenStream(train_stream), phase(args, name, 100 * offset),
+                             objective(args, name, models), log)
         round_weights(models[name], args.save_dtype)
-        save_model(args.out / name, models[name], configs[name], tokenizer, args.save_dtype)
+        save_model(args.out / name, models[name], config, tokenizer, args.save_dtype)
+        summary[name] = {**shape_summary(shapes[name], config), "training": _report(report)}
+    summary["draft"]["loss"] = args.draft_loss
     log("evaluating")
     evaluation = evaluate(models["target"], models["draft"], tokenizer, corpus, heldout, eval_settings(args))
+    corpus_summary = corpus.summary()
     return {
-        "corpus": corpus.summary(),
-        "tokenizer": {"vocab_size": vocab, "train_tokens": len(train_stream), "heldout_tokens": len(heldout),
-                      "train_bytes_per_token": corpus.summary()["train_bytes"] / len(train_stream)},
-        "target": {**shape_summary(target_shape, configs["target"]), "training": _report(reports["target"])},
-        "draft": {**shape_summary(draft_shape, configs["draft"]), "loss": args.draft_loss,
-                  "training": _report(reports["draft"])},
+        "corpus": corpus_summary,
+        "tokenizer": {"vocab_size": tokenizer.get_vocab_size(), "train_tokens": len(train_stream),
+                      "heldout_tokens": len(heldout),
+                      "train_bytes_per_token": corpus_summary["train_bytes"] / len(train_stream)},
+        **summary,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "evaluation": evaluation,
         "out": str(args.out),
         "size_bytes": sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file()),
     }
+
+
+def objective(args: argparse.Namespace, name: str, models: dict) -> Objective:
+    if name == "draft" and args.draft_loss == "distill":
+        return distillation_loss(models["target"], args.bf16)
+    return next_token_loss
 
 
 def evaluate(target, draft, tokenizer: Tokenizer, corpus: Corpus, heldout: torch.Tensor,
