@@ -96,7 +96,7 @@ def train_phase(model: nn.Module, stream: TokenStream, s: PhaseSettings, objecti
     while total is None or step < total:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(s, step, total)
-        losses.append(_step(forward, optimizer, stream.batch(gen, s.batch_size, s.context), objective, s.bf16))
+        losses.append(train_step(forward, optimizer, stream.batch(gen, s.batch_size, s.context), objective, s.bf16))
         step += 1
         clock.tick(step)
         total = total if total is not None else clock.fix_total(step)
@@ -111,7 +111,7 @@ def train_phase(model: nn.Module, stream: TokenStream, s: PhaseSettings, objecti
                        s.batch_size * s.context / steady)
 
 
-def _step(forward: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Tensor, Tensor],
+def train_step(forward: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Tensor, Tensor],
           objective: Objective, bf16: bool) -> float:
     inputs, targets = batch
     with autocast(bf16):

@@ -249,3 +249,13 @@ def test_round_weights_leaves_exactly_the_values_that_bfloat16_storage_keeps():
         assert value.dtype == torch.float32
         torch.testing.assert_close(value, before[key].to(torch.bfloat16).float(), rtol=0, atol=0, msg=key)
     assert any(not torch.equal(model.state_dict()[k], before[k]) for k in before)  # rounding changed something
+
+
+def test_a_time_budget_fixes_the_step_count_after_the_timed_warmup():
+    from scripts.bundled_model.train import PhaseSettings, TokenStream, next_token_loss, train_phase
+    model = _random_model(7)
+    settings = PhaseSettings(minutes=1e-6, steps=None, context=8, batch_size=2, learning_rate=1e-3,
+                             warmup_steps=6, seed=0, bf16=False, compile=False)
+    report = train_phase(model, TokenStream(torch.randint(0, 50, (200,))), settings, next_token_loss, lambda _: None)
+    assert report.steps == 6  # the budget is spent, so training stops as soon as the count is fixed
+    assert report.tokens == 6 * 2 * 8 and report.final_train_loss == report.final_train_loss
