@@ -83,5 +83,7 @@ class Shapes:
 def _host_allocated(graph: GraphDescriptor) -> bool:
     device_allocated = graph.value_source is ValueSource.PREFIX_LIMIT or graph.ragged
     # Speculation-enabled width-one variants exist for Helios's mode switching; a baseline's
-    # plain decode uses the ordinary program.
-    return not device_allocated and not graph.speculation_enabled and graph.proposal_depth >= graph.width - 1
+    # plain decode uses the ordinary program. Wider programs keep the flag only as a catalog
+    # may set it on every speculative program (the bundled capture does), so it says nothing there.
+    width_one_variant = graph.speculation_enabled and graph.width == 1
+    return not device_allocated and not width_one_variant and graph.proposal_depth >= graph.width - 1

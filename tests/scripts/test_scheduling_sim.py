@@ -93,6 +93,20 @@ def test_shapes_pick_the_smallest_fitting_program_padded():
     assert shapes.speculative_widths() == (2, 3, 4)
 
 
+def test_shapes_keep_wide_programs_flagged_speculation_enabled_as_the_bundled_capture_writes_them():
+    """flare run --dump-estimates of the bundled catalog flags every speculative program; only the
+    width-one variants are Helios's mode-switching programs, so fixed-k still finds its widths."""
+    graphs = [{"kind": "decode", "batch_capacity": 1, "duration_ms": 2.0},
+              {"kind": "speculative", "batch_capacity": 1, "width": 1, "speculation_enabled": True,
+               "duration_ms": 1.0},
+              {"kind": "speculative", "batch_capacity": 2, "width": 3, "speculation_enabled": True,
+               "duration_ms": 3.0}]
+    shapes = Shapes(parse_catalog({"request_slots": 2, "graphs": graphs}))
+    assert shapes.speculative_widths() == (3,)
+    assert shapes.decode(2, width=3).batch_capacity == 2
+    assert shapes.decode(1).kind is GraphKind.DECODE  # plain decode is never the width-one variant
+
+
 # ---------------------------------------------------------------------------
 # Baselines' defining behaviour on hand-made situations
 # ---------------------------------------------------------------------------
