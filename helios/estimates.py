@@ -11,7 +11,6 @@ program was measured, since a synthetic catalog needs at least one graph.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,8 +20,6 @@ import yaml
 
 from helios.scheduler.types import GraphDescriptor, GraphKind
 from helios.simulation_files import SIMULATED_KINDS
-
-log = logging.getLogger(__name__)
 
 
 def synthetic_entry(graph: GraphDescriptor, duration_ns: int) -> dict[str, Any]:
