@@ -43,8 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 FLARE = [sys.executable, "-m", "helios.cli"]
 CI = os.environ.get("FLARE_TEST_SCALE") == "ci"
 MODES = ("adaptive",) if CI else ("off", "fixed", "adaptive")
-LONG = 1000 if CI else 3000  # tokens of a "long" prompt (the byte-level tokenizer: one per ASCII character)
-DECODE = 24 if CI else 64  # output tokens of a decode stream
+LONG = 1000 if CI else 2000  # tokens of a "long" prompt (the byte-level tokenizer: one per ASCII character)
+DECODE = 24 if CI else 48  # output tokens of a decode stream
 MODEL = "flare-tiny"
 SLOTS = 4
 EOS = (256, 258)  # <|endoftext|> and <|im_end|> of the bundled tokenizer
@@ -493,7 +493,7 @@ def test_bad_requests_get_4xx_in_openai_error_shape_never_5xx(adaptive, stream):
 
 def test_200_requests_with_random_disconnects_leave_no_slot_or_page_held(adaptive):
     rng = random.Random(2024)
-    plans = [(rng.choice(("finish", "cut", "cut_early", "whole")), rng.randint(2, 12 if CI else 24))
+    plans = [(rng.choice(("finish", "cut", "cut_early", "whole")), rng.randint(2, 12 if CI else 16))
              for _ in range(200)]
 
     async def one(client, index, plan, limit):
