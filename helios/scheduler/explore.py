@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from helios.scheduler import policy as pol
 from helios.scheduler.cost import CostModel
-from helios.scheduler.learning import ProbeCandidate, ProbeLane, WidthProgram, choose_exploration, probe_candidates
+from helios.scheduler.learning import NS_PER_MS, ProbeCandidate, ProbeLane, WidthProgram, choose_exploration, probe_candidates
 from helios.scheduler.refresh import ExplorationAccounts, stale_alternatives
 from helios.scheduler.speculation import PrefixSurvival
 from helios.scheduler.types import (
@@ -81,6 +81,8 @@ class Explorer:
         self.max_depth = max_depth
         self.alpha = alpha
         self.fixed_width = fixed_width
+        self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
+        self._by_source: dict[str, list[WidthProgram]] = {}
 
     def choose(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
                subject: Callable[[RequestHandle], ProbeSubject]) -> Funded | None:
@@ -92,14 +94,14 @@ class Explorer:
             return None
         alternatives = self._stale_choices(decision) if refresh else {}
         stale = stale_alternatives(cost, {k: c.score for k, c in alternatives.items()}, decision.now_ns)
-        probes = self._probes(decision, subject) if learn else []
-        pick = choose_exploration(accounts, stale, [p for p, _ in probes])
+        # a refresh takes precedence over any probe, so probes are only ranked without one
+        probe = self._best_probe(decision, subject) if learn and not (refresh and stale) else None
+        pick = choose_exploration(accounts, stale, [probe[0]] if probe else [])
         if pick is None:
             return None
         if pick.reason is SelectionReason.TIMING_REFRESH:
             return Funded(pick.reason, alternatives[pick.choice.key])
-        handle = next(h for p, h in probes if p is pick.choice)
-        return Funded(pick.reason, self._probe_choice(decision, pick.choice, handle))
+        return Funded(pick.reason, self._probe_choice(decision, pick.choice, probe[1]))
 
     def would_fund(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
                    subject: Callable[[RequestHandle], ProbeSubject]) -> bool:
@@ -137,30 +139,83 @@ class Explorer:
 
     # -- acceptance learning (D8) --------------------------------------------
 
-    def _probes(self, decision: Decision, subject) -> list[tuple[ProbeCandidate, RequestHandle]]:
-        return [pair for found in self._lane_probes(decision, subject) for pair in found]
+    def _best_probe(self, decision: Decision, subject) -> tuple[ProbeCandidate, RequestHandle] | None:
+        """The probe that ranking every lane's candidates together would put first (D8).
+
+        Lanes are evaluated in decreasing order of an upper bound on their
+        gain per ms, and the search stops once no bound reaches the best gain
+        found: none of those lanes' candidates could rank first. Equal rank
+        keys go to the earlier lane, then the earlier candidate, as the stable
+        sort over all lanes in lane order does.
+        """
+        lanes = list(self._probe_lanes(decision, subject))
+        bounds = [self._gain_bound(decision, request, price) for _, request, price in lanes]
+        best = None  # (rank key, lane position, candidate position, candidate, handle)
+        for position in sorted((i for i, b in enumerate(bounds) if b is not None), key=lambda i: -bounds[i]):
+            if best is not None and bounds[position] < -best[0][0]:
+                break
+            handle, request, price = lanes[position]
+            for at, c in enumerate(self._candidates(decision, request, price)):
+                entry = (c.rank_key(), position, at, c, handle)
+                if best is None or entry[:3] < best[:3]:
+                    best = entry
+        return None if best is None else (best[3], best[4])
+
+    def _gain_bound(self, decision: Decision, request: ProbeSubject, price: float) -> float | None:
+        """At least the gain per ms of any probe of the lane; None when it has none.
+
+        A probe's rate is at most every offered draft accepted (1 + depth
+        tokens), the ordinary rate at least one token; the same floating
+        operations on those extremes keep the bound exact (rounding is monotone).
+        """
+        winner, room = decision.winner, request.room
+        floor = price * 1.0 * NS_PER_MS / winner.timing.duration_ns
+        bound = None
+        for source in request.estimates:
+            ordinary_depth = self._ordinary(winner, source).offered_depth(room)
+            for program in self._source_programs(decision, source):
+                depth = program.offered_depth(room)
+                if depth <= ordinary_depth or depth + 1 >= room:
+                    continue
+                rate = price * (1.0 + depth) * NS_PER_MS / program.duration_ns
+                gain = (rate - floor) * NS_PER_MS / program.duration_ns
+                bound = gain if bound is None else max(bound, gain)
+        return bound
 
     def _lane_probes(self, decision: Decision, subject) -> Iterator[list[tuple[ProbeCandidate, RequestHandle]]]:
         """Per decode lane of the winner, in lane order: its probe candidates over every source."""
+        for handle, request, price in self._probe_lanes(decision, subject):
+            yield [(c, handle) for c in self._candidates(decision, request, price)]
+
+    def _probe_lanes(self, decision: Decision, subject) -> Iterator[tuple[RequestHandle, ProbeSubject, float]]:
+        """The winner's priced decode lanes, in lane order, with their requests and token prices."""
         prices = dict(zip(decision.population.decoders.handle, decision.population.decoders.token_price))
-        by_source: dict[str, list[WidthProgram]] = {}  # per source: the same for every lane of this decision
         for lane in decision.winner.lanes:
             price = prices.get(lane.handle, 0.0)
-            if lane.phase is not LanePhase.DECODE or price <= 0:
+            if lane.phase is LanePhase.DECODE and price > 0:
+                yield lane.handle, subject(lane.handle), price
+
+    def _candidates(self, decision: Decision, request: ProbeSubject, price: float) -> list[ProbeCandidate]:
+        """One lane's probe candidates over every source, each source's best first."""
+        found = []
+        for source, estimates in request.estimates.items():
+            programs = self._source_programs(decision, source)
+            if not programs:
                 continue
-            request = subject(lane.handle)
-            found = []
-            for source, estimates in request.estimates.items():
-                if source not in by_source:
-                    by_source[source] = self._programs(source, decision.timings)
-                programs = by_source[source]
-                if not programs:
-                    continue
-                view = ProbeLane.from_estimates(estimates, self.max_depth, request.room,
-                                                self._ordinary(decision.winner, source),
-                                                token_value=price, alpha=self.alpha)
-                found.extend((c, lane.handle) for c in probe_candidates(view, programs))
-            yield found
+            view = ProbeLane.from_estimates(estimates, self.max_depth, request.room,
+                                            self._ordinary(decision.winner, source),
+                                            token_value=price, alpha=self.alpha)
+            found.extend(probe_candidates(view, programs))
+        return found
+
+    def _source_programs(self, decision: Decision, source: str) -> list[WidthProgram]:
+        """``_programs`` of one decision, built once (the same for every lane)."""
+        if self._programs_for is not decision:
+            self._programs_for, self._by_source = decision, {}
+        found = self._by_source.get(source)
+        if found is None:
+            found = self._by_source[source] = self._programs(source, decision.timings)
+        return found
 
     def _programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
         """Measured speculative programs of ``source``: per draft cap min(W - 1, D), only the best one.
