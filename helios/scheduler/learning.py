@@ -112,7 +112,8 @@ class ProbeLane:
         cls, estimates: PrefixSurvival, depths: int, remaining_output: int, ordinary: WidthProgram, **options
     ) -> "ProbeLane":
         """Read depths 1..depths of one source's estimates (no state changes)."""
-        return cls(estimates.means(depths), estimates.weights(depths), remaining_output, ordinary, **options)
+        means, weights = estimates.means_and_weights(depths)
+        return cls(means, weights, remaining_output, ordinary, **options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +165,27 @@ def _rate(lane: ProbeLane, survival: Sequence[float], depth: int, program: Width
     return lane.token_value * expected_output(survival, depth, lane.alpha) * NS_PER_MS / program.duration_ns
 
 
+def _expected_outputs(survival: Sequence[float], alpha: float) -> list[float]:
+    """``expected_output(survival, depth, alpha)`` for every depth 0..len(survival), in one pass.
+
+    Each entry is the same running sum ``expected_output`` accumulates, so the
+    values are identical to calling it per depth.
+    """
+    totals, total, envelope = [1.0], 1.0, 1.0
+    for value in survival:
+        envelope = min(envelope, value)
+        total += envelope**alpha
+        totals.append(total)
+    return totals
+
+
 def probe_candidates(lane: ProbeLane, programs: Iterable[WidthProgram]) -> list[ProbeCandidate]:
     """Every program that qualifies as an acceptance probe for ``lane``, best first (D8)."""
     if lane.fixed_width or lane.remaining_output <= 0:
         return []
     ordinary_depth = lane.ordinary.offered_depth(lane.remaining_output)
     ordinary_rate = _rate(lane, lane.means, ordinary_depth, lane.ordinary)
-    survival = _probe_survival(lane, ordinary_depth)
+    expected = _expected_outputs(_probe_survival(lane, ordinary_depth), lane.alpha)
     out = []
     for program in programs:
         depth = program.offered_depth(lane.remaining_output)
@@ -178,7 +193,7 @@ def probe_candidates(lane: ProbeLane, programs: Iterable[WidthProgram]) -> list[
             continue  # adds no depth, or could use up all output and leave nothing to learn for
         if depth > len(lane.means):
             raise ValueError(f"{program.key} offers depth {depth}; the lane has estimates for {len(lane.means)} depths")
-        rate = _rate(lane, survival, depth, program)
+        rate = lane.token_value * expected[depth] * NS_PER_MS / program.duration_ns  # as ``_rate`` computes it
         if rate <= ordinary_rate:
             continue
         gain = (rate - ordinary_rate) * NS_PER_MS / program.duration_ns

@@ -255,6 +255,11 @@ class PrefixSurvival:
         """Means of depths 1..depths as stored (no envelope applied)."""
         return tuple(self.survival(depth) for depth in range(1, depths + 1))
 
+    def means_and_weights(self, depths: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """``means(depths)`` and ``weights(depths)``, each depth read once (probe selection reads both)."""
+        read = [self._estimate(depth) for depth in range(1, depths + 1)]
+        return tuple(e.mean for e in read), tuple(e.weight for e in read)
+
     def age(self, generated_tokens: int) -> None:
         """Decay every depth's weight, the prior's included, for tokens generated (half-life 128)."""
         factor = aging_factor(generated_tokens)
