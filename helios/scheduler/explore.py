@@ -29,7 +29,14 @@ from dataclasses import dataclass
 
 from helios.scheduler import policy as pol
 from helios.scheduler.cost import CostModel
-from helios.scheduler.learning import NS_PER_MS, ProbeCandidate, ProbeLane, WidthProgram, choose_exploration, probe_candidates
+from helios.scheduler.learning import (
+    NS_PER_MS,
+    ProbeCandidate,
+    ProbeLane,
+    WidthProgram,
+    best_lane_probe,
+    choose_exploration,
+)
 from helios.scheduler.refresh import ExplorationAccounts, stale_alternatives
 from helios.scheduler.speculation import PrefixSurvival
 from helios.scheduler.types import (
@@ -196,7 +203,11 @@ class Explorer:
                 yield lane.handle, subject(lane.handle), price
 
     def _candidates(self, decision: Decision, request: ProbeSubject, price: float) -> list[ProbeCandidate]:
-        """One lane's probe candidates over every source, each source's best first."""
+        """One lane's best probe candidate per source, in source order.
+
+        Ranked together with the other lanes, only a source's best candidate
+        can come first (the others rank after it), so only it is built.
+        """
         found = []
         for source, estimates in request.estimates.items():
             programs = self._source_programs(decision, source)
@@ -205,7 +216,9 @@ class Explorer:
             view = ProbeLane.from_estimates(estimates, self.max_depth, request.room,
                                             self._ordinary(decision.winner, source),
                                             token_value=price, alpha=self.alpha)
-            found.extend(probe_candidates(view, programs))
+            best = best_lane_probe(view, programs)
+            if best is not None:
+                found.append(best)
         return found
 
     def _source_programs(self, decision: Decision, source: str) -> list[WidthProgram]:

@@ -181,8 +181,25 @@ def _expected_outputs(survival: Sequence[float], alpha: float) -> list[float]:
 
 def probe_candidates(lane: ProbeLane, programs: Iterable[WidthProgram]) -> list[ProbeCandidate]:
     """Every program that qualifies as an acceptance probe for ``lane``, best first (D8)."""
+    ordinary_depth, ordinary_rate, terms = _probe_terms(lane, programs)
+    return rank_probes(_candidate(lane, ordinary_depth, ordinary_rate, t) for t in terms)
+
+
+def best_lane_probe(lane: ProbeLane, programs: Iterable[WidthProgram]) -> ProbeCandidate | None:
+    """``probe_candidates(lane, programs)[0]`` (or None), building only that candidate.
+
+    ``min`` keeps the first of equal keys, as the stable ranking does.
+    """
+    ordinary_depth, ordinary_rate, terms = _probe_terms(lane, programs)
+    if not terms:
+        return None
+    return _candidate(lane, ordinary_depth, ordinary_rate, min(terms, key=_term_key))
+
+
+def _probe_terms(lane: ProbeLane, programs: Iterable[WidthProgram]) -> tuple[int, float, list[tuple]]:
+    """The ordinary depth and rate, and (program, depth, rate, gain, weight) of each qualifying program."""
     if lane.fixed_width or lane.remaining_output <= 0:
-        return []
+        return 0, 0.0, []
     ordinary_depth = lane.ordinary.offered_depth(lane.remaining_output)
     ordinary_rate = _rate(lane, lane.means, ordinary_depth, lane.ordinary)
     expected = _expected_outputs(_probe_survival(lane, ordinary_depth), lane.alpha)
@@ -197,9 +214,19 @@ def probe_candidates(lane: ProbeLane, programs: Iterable[WidthProgram]) -> list[
         if rate <= ordinary_rate:
             continue
         gain = (rate - ordinary_rate) * NS_PER_MS / program.duration_ns
-        weight = min(lane.weights[ordinary_depth:depth])
-        out.append(ProbeCandidate(lane, program, ordinary_depth, depth, rate, ordinary_rate, gain, weight))
-    return rank_probes(out)
+        out.append((program, depth, rate, gain, min(lane.weights[ordinary_depth:depth])))
+    return ordinary_depth, ordinary_rate, out
+
+
+def _term_key(term: tuple) -> tuple:
+    """``ProbeCandidate.rank_key`` of the candidate a term would build."""
+    program, _, _, gain, weight = term
+    return (-gain, weight, program.duration_ns, program.target_rows, program.batch_capacity)
+
+
+def _candidate(lane: ProbeLane, ordinary_depth: int, ordinary_rate: float, term: tuple) -> ProbeCandidate:
+    program, depth, rate, gain, weight = term
+    return ProbeCandidate(lane, program, ordinary_depth, depth, rate, ordinary_rate, gain, weight)
 
 
 def rank_probes(candidates: Iterable[ProbeCandidate]) -> list[ProbeCandidate]:
