@@ -13,6 +13,7 @@ from helios.scheduler.learning import (
     ProbeCandidate,
     ProbeLane,
     WidthProgram,
+    best_lane_probe,
     best_probe,
     choose_exploration,
     probe_candidates,
@@ -178,6 +179,22 @@ def test_D8_S9_every_candidate_qualifies_and_less_information_never_removes_one(
     forgetful = ProbeLane(tuple(means), tuple(w * shrink for w in weights), remaining, ordinary)
     assert {c.program.key for c in found} <= {c.program.key for c in probe_candidates(forgetful, ladder)}
 
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(lanes, st.lists(st.integers(1, 6), min_size=4, max_size=4), st.floats(0.1, 3.0))
+def test_D8_best_lane_probe_is_the_ranking_head_ties_included(spec, ms, token_value):
+    """Durations from a small set make equal rank keys common: the first of them (catalog order) must win."""
+    means, weights, remaining, ordinary = spec
+    ladder = [program(p.width, p.proposal_depth, t) for p, t in zip(LADDER, ms)]
+    twins = [program(p.width, p.proposal_depth, p.duration_ns / MS, key=f"twin-{p.key}") for p in ladder]
+    probe_lane = ProbeLane(tuple(means), tuple(weights), remaining, ordinary, token_value=token_value)
+    programs = [p for pair in zip(ladder, twins) for p in pair]
+    ranked = probe_candidates(probe_lane, programs)
+    best = best_lane_probe(probe_lane, programs)
+    assert best == (ranked[0] if ranked else None)
+    if best is not None:
+        assert not best.program.key.startswith("twin-")  # the twin ties it and comes later
 
 # -- refresh first, then probes (D7, D8) -------------------------------------------------
 
