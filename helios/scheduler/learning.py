@@ -35,7 +35,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from helios.scheduler.refresh import ExplorationAccounts, StaleAlternative, refresh_choice
-from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
+from helios.scheduler.speculation import PrefixSurvival, optimistic_survival
 from helios.scheduler.types import GraphDescriptor, SelectionReason
 
 NS_PER_MS = 1_000_000
@@ -142,7 +142,7 @@ class ProbeCandidate:
 
 def optimistic(mean: float, weight: float) -> float:
     """S9: min(1, mean + sqrt(ln 20 / (2 * weight))); an unweighted estimate is fully optimistic."""
-    return PrefixEstimate(mean, weight).optimistic()
+    return optimistic_survival(mean, weight)
 
 
 def expected_output(survival: Sequence[float], depth: int, alpha: float) -> float:
@@ -157,7 +157,7 @@ def expected_output(survival: Sequence[float], depth: int, alpha: float) -> floa
 def _probe_survival(lane: ProbeLane, ordinary_depth: int) -> list[float]:
     """Means where the ordinary choice already offers drafts, optimism on the added depths."""
     known = list(lane.means[:ordinary_depth])
-    added = [optimistic(m, w) for m, w in zip(lane.means[ordinary_depth:], lane.weights[ordinary_depth:])]
+    added = [optimistic_survival(m, w) for m, w in zip(lane.means[ordinary_depth:], lane.weights[ordinary_depth:])]
     return known + added
 
 

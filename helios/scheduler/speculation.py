@@ -104,9 +104,14 @@ class PrefixEstimate:
 
     def optimistic(self) -> float:
         """Upper confidence bound min(1, mean + sqrt(ln 20 / (2 w))) (S9)."""
-        if self.weight <= 0.0:
-            return 1.0
-        return min(1.0, self.mean + math.sqrt(OPTIMISM_LOG_TERM / (2.0 * self.weight)))
+        return optimistic_survival(self.mean, self.weight)
+
+
+def optimistic_survival(mean: float, weight: float) -> float:
+    """``PrefixEstimate(mean, weight).optimistic()`` without building one (probe ranking reads many)."""
+    if weight <= 0.0:
+        return 1.0
+    return min(1.0, mean + math.sqrt(OPTIMISM_LOG_TERM / (2.0 * weight)))
 
 
 def round_observations(offered: int, accepted: int, terminated: bool) -> tuple[float, ...]:
@@ -257,8 +262,10 @@ class PrefixSurvival:
 
     def means_and_weights(self, depths: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """``means(depths)`` and ``weights(depths)``, each depth read once (probe selection reads both)."""
-        read = [self._estimate(depth) for depth in range(1, depths + 1)]
-        return tuple(e.mean for e in read), tuple(e.weight for e in read)
+        stored = self.depths[: max(depths, 0)]
+        unstored = range(len(stored) + 1, depths + 1)  # at the prior, as ``_estimate`` reads them
+        means = tuple([e.mean for e in stored] + [self._prior_mean(d) for d in unstored])
+        return means, tuple([e.weight for e in stored] + [self.prior_weight] * len(unstored))
 
     def age(self, generated_tokens: int) -> None:
         """Decay every depth's weight, the prior's included, for tokens generated (half-life 128)."""

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from helios.scheduler.speculation import (
     OutputBounds,
+    PopulationPrior,
     PrefixSurvival,
     RequestAcceptance,
     round_observations,
@@ -234,3 +235,21 @@ def test_S8_state_depends_on_history_not_on_what_was_read():
     assert read.source("copy").weight(1) == pytest.approx(0.25)
     assert read.source("learned").weight(6) == pytest.approx(0.25)
     assert read.source("learned").survival(6) == 0.5**6
+
+
+@given(
+    st.lists(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=5), max_size=6),
+    st.integers(0, 300),
+    st.booleans(),
+    st.integers(0, 9),
+)
+def test_S6_S8_means_and_weights_read_together_equal_the_separate_reads(rounds, generated, forecasts, depths):
+    """Stored depths, aged weights and (population) priors beyond them, read in one pass."""
+    population = PopulationPrior() if forecasts else None
+    if population is not None:
+        population.observe([0.9, 0.7, 0.4])
+    estimates = PrefixSurvival(population=population)
+    for values in rounds:
+        estimates.observe(values)
+    estimates.age(generated)
+    assert estimates.means_and_weights(depths) == (estimates.means(depths), estimates.weights(depths))
