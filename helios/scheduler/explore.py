@@ -89,7 +89,7 @@ class Explorer:
         self.alpha = alpha
         self.fixed_width = fixed_width
         self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
-        self._by_source: dict[str, list[WidthProgram]] = {}
+        self._by_source: dict[str, tuple[list[WidthProgram], WidthProgram]] = {}
 
     def choose(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
                subject: Callable[[RequestHandle], ProbeSubject]) -> Funded | None:
@@ -179,8 +179,9 @@ class Explorer:
         floor = price * 1.0 * NS_PER_MS / winner.timing.duration_ns
         bound = None
         for source in request.estimates:
-            ordinary_depth = self._ordinary(winner, source).offered_depth(room)
-            for program in self._source_programs(decision, source):
+            programs, ordinary = self._source_view(decision, source)
+            ordinary_depth = ordinary.offered_depth(room)
+            for program in programs:
                 depth = program.offered_depth(room)
                 if depth <= ordinary_depth or depth + 1 >= room:
                     continue
@@ -210,24 +211,24 @@ class Explorer:
         """
         found = []
         for source, estimates in request.estimates.items():
-            programs = self._source_programs(decision, source)
+            programs, ordinary = self._source_view(decision, source)
             if not programs:
                 continue
-            view = ProbeLane.from_estimates(estimates, self.max_depth, request.room,
-                                            self._ordinary(decision.winner, source),
+            view = ProbeLane.from_estimates(estimates, self.max_depth, request.room, ordinary,
                                             token_value=price, alpha=self.alpha)
             best = best_lane_probe(view, programs)
             if best is not None:
                 found.append(best)
         return found
 
-    def _source_programs(self, decision: Decision, source: str) -> list[WidthProgram]:
-        """``_programs`` of one decision, built once (the same for every lane)."""
+    def _source_view(self, decision: Decision, source: str) -> tuple[list[WidthProgram], WidthProgram]:
+        """``_programs`` and ``_ordinary`` of one decision and source, built once (the same for every lane)."""
         if self._programs_for is not decision:
             self._programs_for, self._by_source = decision, {}
         found = self._by_source.get(source)
         if found is None:
-            found = self._by_source[source] = self._programs(source, decision.timings)
+            found = self._by_source[source] = (self._programs(source, decision.timings),
+                                               self._ordinary(decision.winner, source))
         return found
 
     def _programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
