@@ -112,7 +112,7 @@ def random_trace(seed: int, count: int, spread_ms: float, *, copy_share: float =
 
 
 def bench_trace(size: int) -> dict:
-    """The request mix of benchmarks/plan_bench.py."""
+    """The request mix of benchmarks/plan_bench.py, copied on purpose: editing the benchmark must not change recorded plans."""
     requests = []
     for i in range(size):
         request: dict[str, Any] = {"id": f"r{i}", "prompt_tokens": 32_768 if i % 4 == 0 else 64 + 64 * (i % 7),

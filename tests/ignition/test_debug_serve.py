@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -30,6 +29,7 @@ from ignition.direct.scheduler import DECISIONS_KEPT
 from ignition.direct.serve import build_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
+from server_process import wait_ready  # noqa: E402
 from tiny_catalog import cache_folder, eager_programs, tiny_catalog_path  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -144,7 +144,7 @@ def test_the_command_serves_over_http_logs_each_decision_and_stops_on_sigterm(re
                                    stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base, process, log_path)
+        wait_ready(base, process, log_path, name="debug-serve", timeout_s=180.0)
         reply = httpx.post(f"{base}/v1/completions", json={"model": "flare-tiny", "prompt": PROMPTS[0],
                                                           "max_tokens": 6, "temperature": 0}, timeout=60.0)
         assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("length", "stop")
@@ -156,17 +156,3 @@ def test_the_command_serves_over_http_logs_each_decision_and_stops_on_sigterm(re
     assert len(logged) == len(state["decisions"]) >= 2  # a prefill chunk, then decode rounds
     assert all("score=" in line for line in logged)
     assert code == 0
-
-
-def _wait_ready(base: str, process: subprocess.Popen, log_path: Path, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"debug-serve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"debug-serve not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")

@@ -27,6 +27,7 @@ from helios.launch import LaunchError, RunOptions
 from helios.simulation_files import load_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
+from server_process import wait_ready  # noqa: E402
 from tiny_catalog import cache_folder, tiny_catalog_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,26 +52,12 @@ def server(request, tmp_path_factory):
                                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base, process, log_path)
+        wait_ready(base, process, log_path, name="flare run", timeout_s=120.0)
         yield base, process, log_path
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)
-
-
-def _wait_ready(base: str, process: subprocess.Popen, log_path: Path, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"flare run exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"flare run not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -37,6 +37,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
+from server_process import wait_ready  # noqa: E402
 from tiny_catalog import source_digest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,18 +127,9 @@ def launches(request, tmp_path_factory):
 
 
 def _ready(launch: Launch, timeout_s: float = 600.0) -> Launch:
-    deadline = time.monotonic() + timeout_s  # a first run captures the bundled model before loading it
-    while time.monotonic() < deadline:
-        if launch.process.poll() is not None:
-            raise AssertionError(f"flare run exited with {launch.process.returncode}:\n"
-                                 f"{launch.log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{launch.base}/health", timeout=1.0).status_code == 200:
-                return launch
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"flare run not ready after {timeout_s} s:\n{launch.log_path.read_text()[-3000:]}")
+    # a first run captures the bundled model before loading it
+    wait_ready(launch.base, launch.process, launch.log_path, name="flare run", timeout_s=timeout_s)
+    return launch
 
 
 @pytest.fixture(scope="module", params=MODES)
