@@ -157,7 +157,7 @@ def capture(
     observer = ProgressObserver(Console(stderr=True))
     with user_errors(ctx):
         try:
-            request = CaptureRequest(recipe, out, model, options, compile, jobs or os.cpu_count() or 1)
+            request = CaptureRequest(recipe, out, model, options, compile, (os.cpu_count() or 1) if jobs is None else jobs)
             summary = run_capture(request, observer)
         finally:
             observer.close()

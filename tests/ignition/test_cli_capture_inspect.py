@@ -140,3 +140,8 @@ def test_C3_capture_refuses_mixed_prefill_on_a_recipe_without_mixed_capture(tmp_
 def test_capture_refuses_an_unknown_compile_mode(tmp_path):
     assert_one_line_error(invoke("capture", "flare-tiny", "--out", tmp_path / "c", "--compile", "fast"), "none, aoti")
     assert not (tmp_path / "c").exists()
+
+
+def test_capture_refuses_zero_jobs(tmp_path):
+    assert_one_line_error(invoke("capture", "flare-tiny", "--out", tmp_path / "c", "--jobs", "0"), "--jobs must be >= 1")
+    assert not (tmp_path / "c").exists()
