@@ -46,7 +46,16 @@ from helios.engine_api import (
     SpeculativeTotals,
     TextDelta,
 )
-from helios.executor import Executor, FrameResult, LaneContext, PageTable, Program, RowSampling, bind
+from helios.executor import (
+    Executor,
+    FrameResult,
+    LaneContext,
+    PageTable,
+    Program,
+    RowSampling,
+    bind,
+    takes_host_drafts,
+)
 from helios.pages import PageAllocator, PageLayout
 from helios.scheduler import Scheduler, rounds
 from helios.scheduler.config import PolicyConfig
@@ -78,11 +87,11 @@ class EngineConfig:
     """How the engine runs a catalog; ``flare run`` builds one from its flags."""
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    speculation: str = "adaptive"  # off: plain decode only; fixed: no acceptance probes (D8)
+    speculation: str = "adaptive"  # off: ordinary programs; fixed: one verification width, no probes (D8)
     threads: int | None = None  # torch intra-op threads; None: every core
     device: str = "cpu"
     frame_slots: int = 2  # 1 never queues a frame behind a running one (to measure what overlap buys)
-    speculative_width: int | None = None  # widest verification (W, pending token included) to load; None: all
+    speculative_width: int | None = None  # adaptive: widest W to load; fixed: the one W (None: the widest)
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -99,21 +108,41 @@ def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
                     width: int | None = None) -> tuple[GraphDescriptor, ...]:
     """Load-time selection (spec C6, Y3): drop programs, never invent capacities.
 
-    ``off`` (or ``width`` 1: zero drafts) keeps the ordinary, non-speculative
-    programs. ``fixed`` drops device-allocated (prefix-limit) rounds, which
-    need adaptive selection. ``width`` W keeps programs verifying at most W
-    positions per row, and must name a width some speculative program has.
+    ``off`` (or ``width`` 1: zero drafts, or a catalog without speculative
+    programs) keeps the ordinary programs, which never touch the draft model.
+    Otherwise the ordinary decode and mixed variants give way to their
+    draft-keeping twins (a frame that skipped draft absorption would leave the
+    draft cache behind). ``adaptive`` keeps every width up to ``width``;
+    ``fixed`` keeps one verification width (``width``, default the widest),
+    host-allocated ragged programs included, and drops device-allocated
+    (prefix-limit) rounds, which need adaptive selection.
     """
-    if width is not None and width > 1 and not any(g.proposal_source and g.width == width for g in graphs):
-        widths = sorted({g.width for g in graphs if g.proposal_source})
+    widths = sorted({g.width for g in graphs if rounds.draws_proposals(g)})
+    if width is not None and width > 1 and width not in widths:
         raise ValueError(f"no speculative program of width {width} in the catalog; "
-                         f"its widths are {', '.join(map(str, widths)) or 'none'} (1 loads the ordinary programs only)")
-    if speculation == "off" or width == 1:
+                         f"its widths are {', '.join(map(str, [1, *widths]))} (1 loads the ordinary programs only)")
+    if speculation == "off" or width == 1 or not widths:
         return tuple(g for g in graphs if g.proposal_source is None)
-    kept = tuple(g for g in graphs if width is None or g.width <= width)
-    if speculation == "fixed":
-        kept = tuple(g for g in kept if g.value_source is not ValueSource.PREFIX_LIMIT)
-    return kept
+    kept = tuple(g for g in graphs if not _ordinary_generation(g))
+    if speculation == "adaptive":
+        return tuple(g for g in kept if width is None or g.width <= width)
+    fixed = width or widths[-1]
+    return tuple(g for g in kept if _fixed_keeps(g, fixed))
+
+
+def _ordinary_generation(graph: GraphDescriptor) -> bool:
+    return graph.proposal_source is None and graph.kind in (GraphKind.DECODE, GraphKind.MIXED)
+
+
+def _fixed_keeps(graph: GraphDescriptor, width: int) -> bool:
+    """Fixed width W: prompt programs, width-W rounds, and mixed frames (width one keeps prompts flowing)."""
+    if graph.value_source is ValueSource.PREFIX_LIMIT:
+        return False
+    if graph.kind is GraphKind.SPECULATIVE:
+        return graph.width == width
+    if graph.kind is GraphKind.MIXED:
+        return graph.width in (1, width)
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -207,7 +236,7 @@ class _Counters:
     """Cumulative figures for ``stats()``; written by the control thread under the lock."""
 
     executions: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    speculative: SpeculativeTotals = field(default_factory=SpeculativeTotals)
+    speculative: dict[str, SpeculativeTotals] = field(default_factory=dict)  # by proposal source
     frames: int = 0
     queued_commits: int = 0  # frames committed while another was still in flight
     host_ns: int = 0  # control-thread time in plan/commit/complete/publish
@@ -305,7 +334,8 @@ class HeliosEngine:
             if "prefill_row" in inputs:
                 inputs["prefill_row"].fill_(-1)
             program = self.executor.program_for(graph.id)
-            program(**{name: t.to(self.executor.device) for name, t in inputs.items()}, **self.executor.state)
+            program(**{name: t.to(self.executor.device) for name, t in inputs.items()},
+                    **self.executor.state_for(program))
 
     def begin_drain(self, grace_s: float) -> None:
         log.info("draining: no new requests; running ones have %.1f s to finish", grace_s)
@@ -372,14 +402,15 @@ class HeliosEngine:
                 kv_pages_used=self.pages.used,
                 kv_pages_free=self.pages.free,
                 executions=executions,
-                speculative=counters.speculative,
+                speculative=tuple(counters.speculative[s] for s in sorted(counters.speculative)),
                 accepting=self._accepting,
             )
 
     def frame_counters(self) -> _Counters:
         """A copy of the frame counters (tests and benchmarks)."""
         with self._lock:
-            return replace(self._counters, executions=dict(self._counters.executions))
+            return replace(self._counters, executions=dict(self._counters.executions),
+                           speculative=dict(self._counters.speculative))
 
     # -- control thread -----------------------------------------------------
 
@@ -508,17 +539,25 @@ class HeliosEngine:
         self._work.put((self._fence, frame, time.monotonic_ns()))
 
     def _lane_context(self, live: Live, lane: PlannedLane, plan: ScheduledPlan) -> LaneContext:
+        """A prompt lane's prompt; a copy-source lane's prompt-lookup drafts (learned programs draw their own)."""
         if lane.phase is LanePhase.PROMPT:
             return LaneContext(live.sampling, prompt=live.request.prompt_token_ids)
-        width = max(lane.query_length, lane.ceiling) if plan.graph.width > 1 else 1
-        return LaneContext(live.sampling, drafts=prompt_lookup(live.history(), width - 1))
+        if not (takes_host_drafts(plan.graph) and rounds.draws_proposals(plan.graph)):
+            return LaneContext(live.sampling)
+        return LaneContext(live.sampling, drafts=prompt_lookup(live.history(), lane.query_length - 1))
 
     def _lane_extent(self, live: Live, lane: PlannedLane, plan: ScheduledPlan) -> int:
-        """Cache positions the lane may write in this frame: its chunk, or its widest verification (A13)."""
+        """Cache positions the lane may write through this frame (S3, A11, A13).
+
+        A prompt lane writes its chunk. A decode lane starts after everything
+        committed and everything earlier queued frames may still commit, and
+        writes target K/V for its rows (at most its ceiling or query length)
+        and draft K/V for D proposal steps plus its pending token.
+        """
         if lane.phase is LanePhase.PROMPT:
             return lane.prompt_start + lane.prompt_tokens
         written = len(live.request.prompt_token_ids) + len(live.output) + live.queued_bound
-        return written + max(lane.query_length, lane.ceiling, self._max_width)
+        return written + max(lane.query_length, lane.ceiling, plan.graph.proposal_depth + 1)
 
     # -- completion and publication (control thread) ---------------------------
 
@@ -530,10 +569,7 @@ class HeliosEngine:
             self._fail_frame(plan, event.error)
         else:
             records, timing = event.result.records, event.result.timing
-        if rounds.is_prefix_limit(plan.graph):
-            generated = self.scheduler.complete_packed_round(event.fence, records, timing, None)
-        else:
-            generated = self.scheduler.complete(event.fence, records, timing)
+        generated = self._complete(event.fence, plan, records, timing)
         self._count(plan, records, timing)
         for lane in plan.lanes:
             live = self._by_slot[lane.handle.slot]
@@ -545,6 +581,18 @@ class HeliosEngine:
             live = self._by_slot.get(lane.handle.slot)
             if live is not None and live.handle == lane.handle:
                 self._release_if_idle(live)
+
+    def _complete(self, fence: int, plan: ScheduledPlan, records, timing: ExecutionTiming) -> list[GeneratedToken]:
+        """The completion call the program's value source and sidecars ask for (spec "Planning and the execution queue")."""
+        confidence = _sidecar(records, "confidence")
+        survival = _sidecar(records, "survival")
+        if rounds.is_prefix_limit(plan.graph):
+            if survival is None:
+                return self.scheduler.complete_packed_round(fence, records, timing, confidence)
+            return self.scheduler.complete_packed_round_with_survival(fence, records, timing, confidence, survival)
+        if survival is None:
+            return self.scheduler.complete(fence, records, timing)
+        return self.scheduler.complete_with_survival(fence, records, timing, survival)
 
     def _fail_frame(self, plan: ScheduledPlan, error: BaseException) -> None:
         """A program raised: fail the requests of this frame only; the rest keep being served."""
@@ -584,13 +632,13 @@ class HeliosEngine:
         totals[1] += timing.device_ns
         c.frames += 1
         c.device_ns += timing.device_ns
-        if plan.graph.kind is GraphKind.SPECULATIVE and plan.graph.width > 1:
-            s = c.speculative
-            decode = [r for r in records if not r.prompt_consumed]
-            c.speculative = SpeculativeTotals(
-                s.lane_rounds + len(decode), s.draft_tokens + sum(r.offered for r in decode),
-                s.accepted_tokens + sum(min(r.offered, len(r.tokens) - 1) for r in decode),
-                s.emitted_tokens + sum(len(r.tokens) for r in decode))
+        if not rounds.draws_proposals(plan.graph):
+            return
+        source = plan.graph.proposal_source or "learned"
+        for r in records:
+            if r.offered > 0:
+                totals = c.speculative.get(source) or SpeculativeTotals(source)
+                c.speculative[source] = totals.plus(r.offered, min(r.offered, len(r.tokens) - 1), len(r.tokens))
 
     # -- device worker -------------------------------------------------------------
 
@@ -605,6 +653,12 @@ class HeliosEngine:
             except Exception as exc:  # one program's failure must not stop the server
                 result, error = None, exc
             self._events.put(_Finished(fence, frame.plan, result, error, dispatched_ns))
+
+
+def _sidecar(records, name: str) -> list | None:
+    """One row per record (None where a record has none), or None when no record carries this sidecar."""
+    rows = [getattr(r, name) for r in records]
+    return rows if any(row is not None for row in rows) else None
 
 
 def _deliverer(loop: asyncio.AbstractEventLoop, deltas: asyncio.Queue) -> Callable[[TextDelta | Exception], None]:

@@ -124,12 +124,27 @@ class ExecutionTotals:
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeTotals:
-    """Cumulative counts over complete speculative programs (one per lane and round)."""
+    """Cumulative counts over complete speculative programs for one proposal source.
 
-    lane_rounds: int = 0  # speculative rows executed
+    A *round* is one lane of one complete program that offered at least one
+    draft for verification; width-one rounds and prompt rows are not counted.
+    """
+
+    source: str = "learned"  # "learned" (draft model) or "copy" (prompt lookup)
+    rounds: int = 0  # lane rounds that verified drafts
     draft_tokens: int = 0  # draft positions verified (CompletionRecord.offered)
     accepted_tokens: int = 0  # drafts the target accepted
     emitted_tokens: int = 0  # tokens committed: accepted drafts plus bonus tokens
+    accepted_by_position: tuple[int, ...] = ()  # [i]: rounds whose draft at position i + 1 was accepted
+
+    def plus(self, offered: int, accepted: int, emitted: int) -> SpeculativeTotals:
+        """These totals after one more round."""
+        positions = list(self.accepted_by_position)
+        positions.extend([0] * (accepted - len(positions)))
+        for i in range(accepted):
+            positions[i] += 1
+        return SpeculativeTotals(self.source, self.rounds + 1, self.draft_tokens + offered,
+                                 self.accepted_tokens + accepted, self.emitted_tokens + emitted, tuple(positions))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +156,7 @@ class EngineStats:
     kv_pages_used: int = 0
     kv_pages_free: int = 0
     executions: tuple[ExecutionTotals, ...] = ()
-    speculative: SpeculativeTotals = field(default_factory=SpeculativeTotals)
+    speculative: tuple[SpeculativeTotals, ...] = ()  # one per proposal source that ran a round
     accepting: bool = True  # False while draining: /health answers 503
 
 

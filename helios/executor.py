@@ -9,10 +9,20 @@ carry host drafts after their pending token, and every row its own sampling
 parameters and seed. All per-row tensors of a frame are built on the host and
 moved to the device once each: one ``query_lens`` upload per frame.
 
+Proposals (program contract version 2): learned programs draw their own
+drafts, so only copy-source programs take host ``draft_tokens`` (prompt
+lookup). A prefix-limit program gets each lane's immutable ceiling in
+``query_lens`` and allocates the target rows itself (S2); the host never fits
+rows into P for it.
+
 ``Executor.run`` calls the program on the persistent state and turns its
-``tokens``/``num_tokens`` into ``CompletionRecord``s: a prompt row commits its
-whole scheduled chunk and may publish one first token (A13); a decode row
-commits its accepted drafts plus one, cut after an end-of-sequence token.
+outputs into ``CompletionRecord``s: a prompt row commits its whole scheduled
+chunk and may publish one first token (A13); a decode row commits its
+accepted drafts plus one, cut after an end-of-sequence token, and offers
+``verified_lens - 1`` drafts. Confidence (C12) and survival (C13) rows ride on
+the records, survival trimmed to what the row verified. Outputs are checked
+(``helios.frame_outputs``) before any record exists, so a malformed frame
+never reaches the scheduler (A2).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from helios.frame_outputs import FrameOutputs, read_outputs
 from helios.pages import PageAllocator, PageLayout
 from helios.scheduler import rounds
 from helios.scheduler.types import (
@@ -64,9 +75,9 @@ class BoundRow:
 
     lane: PlannedLane
     row: int  # index in the dense active lane list
-    query_length: int  # packed tokens the row owns
-    offset: int  # first packed token of the row (prefix sum of earlier lengths)
-    offered: int  # drafts uploaded for verification (decode rows)
+    query_length: int  # packed tokens the row owns; a prefix-limit row: its ceiling (the device allocates)
+    offset: int  # first packed token of the row (prefix sum of earlier lengths; host-allocated frames)
+    offered: int  # drafts the host asked to verify (decode rows); the program's verified_lens has the last word
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,32 +117,23 @@ class PageTable:
 # ---------------------------------------------------------------------------
 
 
-def row_lengths(plan: ScheduledPlan, contexts: Mapping) -> list[int]:
-    """Packed query length per lane; prefix-limit rows are fitted into P by the host here."""
+def row_lengths(plan: ScheduledPlan) -> list[int]:
+    """``query_lens`` per lane: a prompt chunk, a host-chosen length, or a prefix-limit ceiling (S1, S2)."""
     graph = plan.graph
-    lengths = [_lane_length(lane, graph, contexts[lane.handle]) for lane in plan.lanes]
-    if rounds.is_prefix_limit(graph):
-        lengths = _fit_rows(lengths, graph.target_rows)
-    return lengths
+    return [_lane_length(lane, graph) for lane in plan.lanes]
 
 
-def _lane_length(lane: PlannedLane, graph: GraphDescriptor, context: LaneContext) -> int:
+def _lane_length(lane: PlannedLane, graph: GraphDescriptor) -> int:
     if lane.phase is LanePhase.PROMPT:
         return lane.prompt_tokens
     if rounds.is_prefix_limit(graph):
-        return max(1, min(lane.ceiling or graph.width, len(context.drafts) + 1))
+        return lane.ceiling or rounds.prefix_ceiling(graph, graph.width)
     return lane.query_length
 
 
-def _fit_rows(lengths: list[int], budget: int) -> list[int]:
-    """Every row keeps its pending token; extra verification rows go in lane order within P."""
-    budget -= len(lengths)
-    fitted = []
-    for length in lengths:
-        extra = min(length - 1, max(budget, 0))
-        budget -= extra
-        fitted.append(1 + extra)
-    return fitted
+def takes_host_drafts(graph: GraphDescriptor) -> bool:
+    """Whether the program has a ``draft_tokens`` input: learned programs draw their own proposals."""
+    return graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) and graph.proposal_source != "learned"
 
 
 def bind(plan: ScheduledPlan, contexts: Mapping, page_table: torch.Tensor) -> BoundFrame:
@@ -139,20 +141,31 @@ def bind(plan: ScheduledPlan, contexts: Mapping, page_table: torch.Tensor) -> Bo
     graph = plan.graph
     if len(plan.lanes) > graph.batch_capacity:
         raise ValueError(f"{graph.id}: {len(plan.lanes)} lanes exceed B = {graph.batch_capacity}")
-    lengths = row_lengths(plan, contexts)
+    rows = _layout(plan, row_lengths(plan))
+    inputs = {"page_table": page_table, **_row_inputs(graph, rows, contexts)}
+    if graph.kind in PROMPT_KINDS:
+        inputs.update(_prompt_inputs(plan, rows, contexts))
+    if takes_host_drafts(graph):
+        inputs["draft_tokens"] = _draft_tokens(graph, rows, contexts)
+    return BoundFrame(plan, tuple(rows), inputs)
+
+
+def _layout(plan: ScheduledPlan, lengths: Sequence[int]) -> list[BoundRow]:
+    """Rows in lane order at prefix-sum offsets; ceilings are checked one by one (they may sum above P)."""
+    graph = plan.graph
     rows, offset = [], 0
     for index, (lane, length) in enumerate(zip(plan.lanes, lengths)):
         offered = length - 1 if lane.phase is LanePhase.DECODE else 0
         rows.append(BoundRow(lane, index, length, offset, offered))
         offset += length
-    if offset > graph.max_packed_tokens:
+    if rounds.is_prefix_limit(graph):
+        bound = rounds.prefix_ceiling(graph, graph.width)
+        wrong = [r.query_length for r in rows if not 1 <= r.query_length <= bound]
+        if wrong:
+            raise ValueError(f"{graph.id}: lane ceilings {wrong} outside 1..min(D + 1, W) = 1..{bound} (S2)")
+    elif offset > graph.max_packed_tokens:
         raise ValueError(f"{graph.id}: {offset} packed tokens exceed its capacity {graph.max_packed_tokens}")
-    inputs = {"page_table": page_table, **_row_inputs(graph, rows, contexts)}
-    if graph.kind in PROMPT_KINDS:
-        inputs.update(_prompt_inputs(plan, rows, contexts))
-    if graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED):
-        inputs["draft_tokens"] = _draft_tokens(graph, rows, contexts)
-    return BoundFrame(plan, tuple(rows), inputs)
+    return rows
 
 
 def _row_inputs(graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Mapping) -> dict[str, torch.Tensor]:
@@ -237,12 +250,20 @@ class Executor:
         """Execute ``frame``; wall time counts from ``dispatched_ns`` (``time.monotonic_ns``)."""
         program = self.program_for(frame.plan.graph.id)
         inputs = {name: t.to(self.device, non_blocking=True) for name, t in frame.inputs.items()}
-        outputs, device_ns = self._timed_call(program, {**inputs, **self.state})
-        tokens = outputs["tokens"].tolist()
-        counts = outputs["num_tokens"].tolist()
-        records = tuple(self._record(r, tokens[r.row][: counts[r.row]]) for r in frame.rows)
+        outputs, device_ns = self._timed_call(program, {**inputs, **self.state_for(program)})
+        slots = frame.inputs["page_table"].shape[0]
+        read = read_outputs(frame.plan.graph, frame.rows, outputs, slots)
+        records = tuple(self._record(r, read) for r in frame.rows)
         wall_ns = max(0, time.monotonic_ns() - dispatched_ns)
         return FrameResult(records, ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns))
+
+    def state_for(self, program: Program) -> Mapping[str, torch.Tensor]:
+        """The persistent tensors this program takes: ordinary programs never see the draft cache."""
+        entry = getattr(program, "entry", None)
+        if entry is None:
+            return self.state
+        takes = {a.name for a in entry.inputs}
+        return {name: t for name, t in self.state.items() if name in takes}
 
     def _timed_call(self, program: Program, named: dict) -> tuple[Mapping[str, torch.Tensor], int]:
         """The program's own device interval: CUDA events on a GPU, the call's host interval on CPU."""
@@ -257,11 +278,15 @@ class Executor:
         outputs = program(**named)
         return outputs, time.perf_counter_ns() - began
 
-    def _record(self, row: BoundRow, tokens: list[int]) -> CompletionRecord:
+    def _record(self, row: BoundRow, read: FrameOutputs) -> CompletionRecord:
         lane = row.lane
+        tokens = read.tokens[row.row]
         cut = next((i + 1 for i, t in enumerate(tokens) if t in self.eos_ids), None)
         committed = tuple(tokens[:cut])
         if lane.phase is LanePhase.PROMPT:
             return CompletionRecord(lane.handle, prompt_consumed=lane.prompt_tokens,
                                     tokens=committed if lane.finishes_prompt else (), terminated=cut is not None)
-        return CompletionRecord(lane.handle, tokens=committed, offered=row.offered, terminated=cut is not None)
+        offered = read.offered(row)
+        return CompletionRecord(lane.handle, tokens=committed, offered=offered, terminated=cut is not None,
+                                confidence=read.confidence_row(lane.handle.slot),
+                                survival=read.survival_row(row.row, offered))

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 EXECUTIONS = "flare_scheduler_executions_total"
 NANOSECONDS = "flare_scheduler_execution_nanoseconds_total"
-SPECULATIVE = ("lane_rounds", "draft_tokens", "accepted_tokens", "emitted_tokens")
+SPECULATIVE = ("rounds", "draft_tokens", "accepted_tokens", "emitted_tokens")
 
 Snapshot = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]  # (sample name, sorted labels) -> value
 
@@ -74,7 +74,12 @@ def deltas(before: Snapshot | None, after: Snapshot | None) -> ServerDeltas | No
 
 
 def _speculative(change: Mapping[tuple[str, tuple], float]) -> dict[str, float]:
-    totals = {short: change.get((f"flare_speculative_{short}_total", ()), 0.0) for short in SPECULATIVE}
+    totals = {short: _summed(change, f"flare_speculative_{short}_total") for short in SPECULATIVE}
     if totals["draft_tokens"] > 0:
         totals["acceptance_rate"] = totals["accepted_tokens"] / totals["draft_tokens"]
     return totals
+
+
+def _summed(change: Mapping[tuple[str, tuple], float], name: str) -> float:
+    """A counter's change over all its label sets (the speculative ones are labelled by source)."""
+    return sum(value for (sample, _), value in change.items() if sample == name)

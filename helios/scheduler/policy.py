@@ -164,9 +164,12 @@ def needs_feedback(graph: GraphDescriptor, timing: GraphTiming, lanes: Sequence[
 
     Only ordinary decode and complete speculative generation with a fresh
     measured cost may be queued behind other work; a prompt phase ending inside
-    the plan is a phase transition.
+    the plan is a phase transition, and copy proposals read the request's
+    history, which only completion brings up to date (a history input).
     """
     if graph.kind not in GENERATION_KINDS or not timing.known or not timing.fresh:
+        return True
+    if graph.proposal_source == "copy" and graph.width > 1:
         return True
     return any(lane.phase is LanePhase.PROMPT for lane in lanes)
 

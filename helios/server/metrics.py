@@ -62,14 +62,26 @@ def _execution_families(stats: EngineStats) -> Iterable[Metric]:
 
 
 def _speculative_families(stats: EngineStats) -> Iterable[Metric]:
-    spec = stats.speculative
+    """Per proposal source, over complete speculative programs only (never producer and target apart)."""
     rows = (
-        ("flare_speculative_lane_rounds_total", "Speculative rows executed in complete speculative programs.", spec.lane_rounds),
-        ("flare_speculative_draft_tokens_total", "Draft positions verified by complete speculative programs.", spec.draft_tokens),
-        ("flare_speculative_accepted_tokens_total", "Draft tokens the target accepted.", spec.accepted_tokens),
-        ("flare_speculative_emitted_tokens_total", "Tokens committed by speculative rows: accepted drafts plus bonus tokens.", spec.emitted_tokens),
+        ("flare_speculative_rounds_total", "Lane rounds of complete speculative programs that verified drafts.", "rounds"),
+        ("flare_speculative_draft_tokens_total", "Draft tokens offered for verification.", "draft_tokens"),
+        ("flare_speculative_accepted_tokens_total", "Draft tokens the target accepted.", "accepted_tokens"),
+        ("flare_speculative_emitted_tokens_total", "Tokens committed by speculative rounds: accepted drafts plus one.", "emitted_tokens"),
     )
-    return [CounterMetricFamily(name, doc, value=value) for name, doc, value in rows]
+    families = []
+    for name, doc, attribute in rows:
+        family = CounterMetricFamily(name, doc, labels=["source"])
+        for totals in stats.speculative:
+            family.add_metric([totals.source], getattr(totals, attribute))
+        families.append(family)
+    per_position = CounterMetricFamily(
+        "flare_speculative_accepted_per_position_total",
+        "Rounds whose draft at this position (1 = first after the pending token) was accepted.", labels=["source", "position"])
+    for totals in stats.speculative:
+        for index, count in enumerate(totals.accepted_by_position):
+            per_position.add_metric([totals.source, str(index + 1)], count)
+    return [*families, per_position]
 
 
 class ServerMetrics:

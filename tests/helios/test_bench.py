@@ -218,11 +218,11 @@ def test_failed_requests_are_counted_not_raised(slow_server, tmp_path):
 def test_server_metrics_section_reports_the_run_delta(slow_server):
     engine = slow_server.engine
     engine.base_stats = EngineStats(executions=(ExecutionTotals("decode", "ordinary", 5, 1_000_000),),
-                                    speculative=SpeculativeTotals(draft_tokens=10, accepted_tokens=4))
+                                    speculative=(SpeculativeTotals(draft_tokens=10, accepted_tokens=4),))
 
     def count_more(result: RequestResult) -> None:  # the engine "executes" while the run goes on
         engine.base_stats = EngineStats(executions=(ExecutionTotals("decode", "ordinary", 12, 4_000_000),),
-                                        speculative=SpeculativeTotals(draft_tokens=30, accepted_tokens=19))
+                                        speculative=(SpeculativeTotals(draft_tokens=30, accepted_tokens=19),))
 
     try:
         run = run_benchmark(_config(slow_server.url, count=2), count_more)

@@ -91,12 +91,18 @@ def test_row_sampling_masks_leave_padding_rows_greedy_and_uncut():
     assert "draft_tokens" not in x and "prompt_tokens" not in x
 
 
-def test_S2_prefix_limit_rows_fit_P_keeping_every_pending_token():
-    lanes = [decode_lane(0, ceiling=4), decode_lane(1, ceiling=4), decode_lane(2, ceiling=4)]
-    lengths = row_lengths(plan_of(PREFIX, lanes), contexts(lanes))
-    assert lengths == [4, 3, 1] and sum(lengths) <= PREFIX.target_rows
-    short = contexts(lanes, drafts=(5,))  # a lane offers only the drafts it has
-    assert row_lengths(plan_of(PREFIX, lanes), short) == [2, 2, 2]
+def test_S2_prefix_limit_rows_carry_their_ceilings_even_when_they_sum_above_P():
+    lanes = [decode_lane(0, ceiling=4), decode_lane(1, ceiling=4), decode_lane(2, ceiling=3)]
+    frame = bind(plan_of(PREFIX, lanes), contexts(lanes), page_table())
+    assert row_lengths(plan_of(PREFIX, lanes)) == [4, 4, 3]  # 11 > P = 8: the device allocates
+    assert frame.inputs["query_lens"].tolist() == [4, 4, 3, 0]
+    assert "draft_tokens" not in frame.inputs  # learned: the program draws its own proposals
+
+
+def test_S2_a_ceiling_beyond_D_plus_one_is_refused_at_bind():
+    lanes = [decode_lane(0, ceiling=5)]
+    with pytest.raises(ValueError, match="ceilings \\[5\\] outside 1..min\\(D \\+ 1, W\\) = 1..4"):
+        bind(plan_of(PREFIX, lanes), contexts(lanes), page_table())
 
 
 class FakeProgram:

@@ -18,6 +18,11 @@ CATALOG = (
                     proposal_source="learned"),
     GraphDescriptor("spec_b4_w4_pl", SPEC, 4, 3, 4, 8, ragged=True, value_source=ValueSource.PREFIX_LIMIT,
                     proposal_source="learned", confidence_width=3),
+    GraphDescriptor("spec_b4_w4_copy", SPEC, 4, 3, 4, 8, ragged=True, value_source=ValueSource.QUERY_LENGTH,
+                    proposal_source="copy"),
+    GraphDescriptor("mixed_b2_w1", GraphKind.MIXED, 2, prefill_capacity=64),
+    GraphDescriptor("mixed_b2_w1_spec", GraphKind.MIXED, 2, prefill_capacity=64, proposal_source="learned",
+                    speculation_enabled=True),
     GraphDescriptor("mixed_b2_w4", GraphKind.MIXED, 2, 3, 4, prefill_capacity=64,
                     value_source=ValueSource.QUERY_LENGTH, proposal_source="learned"),
 )
@@ -27,28 +32,46 @@ def ids(graphs) -> set[str]:
     return {g.id for g in graphs}
 
 
-def test_adaptive_without_a_width_keeps_everything():
-    assert select_programs(CATALOG, "adaptive") == CATALOG
+ORDINARY = {"prefill_p64", "decode_b4", "mixed_b2_w1"}
+
+
+def test_Y3_adaptive_keeps_every_speculative_program_and_drops_ordinary_generation():
+    kept = ids(select_programs(CATALOG, "adaptive"))
+    # decode and ordinary mixed would skip draft absorption and leave the draft cache behind
+    assert kept == ids(CATALOG) - {"decode_b4", "mixed_b2_w1"}
 
 
 @pytest.mark.parametrize("mode, width", [("off", None), ("adaptive", 1), ("fixed", 1)])
 def test_Y3_zero_drafts_selects_the_ordinary_catalog(mode, width):
-    assert ids(select_programs(CATALOG, mode, width)) == {"prefill_p64", "decode_b4"}
+    assert ids(select_programs(CATALOG, mode, width)) == ORDINARY
 
 
-def test_C6_fixed_selection_keeps_host_allocated_ragged_and_drops_device_allocation():
+def test_Y3_a_catalog_without_speculative_programs_serves_ordinary_programs_in_every_mode():
+    ordinary = tuple(g for g in CATALOG if g.id in ORDINARY)
+    for mode in ("off", "fixed", "adaptive"):
+        assert select_programs(ordinary, mode) == ordinary
+
+
+def test_C6_fixed_defaults_to_the_widest_width_keeps_host_allocated_ragged_and_drops_device_allocation():
     kept = ids(select_programs(CATALOG, "fixed"))
     assert "spec_b4_w4_ql" in kept and "spec_b4_w4_pl" not in kept
-    assert kept == ids(CATALOG) - {"spec_b4_w4_pl"}
+    assert kept == {"prefill_p64", "spec_b1_w4", "spec_b4_w4_ql", "spec_b4_w4_copy", "mixed_b2_w1_spec", "mixed_b2_w4"}
+
+
+def test_C6_fixed_at_a_chosen_width_keeps_exactly_that_verification_width():
+    kept = select_programs(CATALOG, "fixed", 2)
+    assert ids(kept) == {"prefill_p64", "spec_b4_w2", "mixed_b2_w1_spec"}
+    assert {g.width for g in kept if g.kind is SPEC} == {2}
 
 
 def test_C6_a_width_only_removes_wider_programs_speculative_and_mixed_alike():
     kept = select_programs(CATALOG, "adaptive", 2)
-    assert ids(kept) == {"prefill_p64", "decode_b4", "spec_b4_w1", "spec_b4_w2"}
+    assert ids(kept) == {"prefill_p64", "spec_b4_w1", "spec_b4_w2", "mixed_b2_w1_spec"}
     assert all(g.width <= 2 for g in kept)
 
 
+@pytest.mark.parametrize("mode", ["adaptive", "fixed"])
 @pytest.mark.parametrize("width", [3, 5])
-def test_C6_a_width_no_program_has_is_refused_naming_the_widths_there_are(width):
+def test_C6_a_width_no_program_has_is_refused_naming_the_widths_there_are(mode, width):
     with pytest.raises(ValueError, match=rf"no speculative program of width {width}.*widths are 1, 2, 4"):
-        select_programs(CATALOG, "adaptive", width)
+        select_programs(CATALOG, mode, width)

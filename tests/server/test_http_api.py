@@ -531,12 +531,13 @@ def _value(families: dict, name: str, sample: str, **labels) -> float:
     return sum(matches)
 
 
-def test_D9_metrics_expose_engine_stats_by_graph_kind_and_category(served):
+def test_D9_metrics_expose_engine_stats_by_graph_kind_category_and_proposal_source(served):
     served.engine.base_stats = EngineStats(
         requests_waiting=3, kv_pages_used=40, kv_pages_free=24,
         executions=(ExecutionTotals("decode", "ordinary", 7, 7_000), ExecutionTotals("decode", "timing_refresh", 1, 900),
                     ExecutionTotals("prefill", "discovery", 2, 5_000)),
-        speculative=SpeculativeTotals(lane_rounds=5, draft_tokens=15, accepted_tokens=9, emitted_tokens=14))
+        speculative=(SpeculativeTotals("copy", 2, 6, 1, 3, (1,)),
+                     SpeculativeTotals("learned", 5, 15, 9, 14, (4, 3, 2))))
     try:
         families = _scrape(served)
     finally:
@@ -551,8 +552,15 @@ def test_D9_metrics_expose_engine_stats_by_graph_kind_and_category(served):
     assert _value(families, "flare_requests_waiting", "flare_requests_waiting") == 3
     assert _value(families, "flare_kv_pages_used", "flare_kv_pages_used") == 40
     assert _value(families, "flare_kv_pages_free", "flare_kv_pages_free") == 24
-    assert _value(families, "flare_speculative_accepted_tokens", "flare_speculative_accepted_tokens_total") == 9
-    assert _value(families, "flare_speculative_draft_tokens", "flare_speculative_draft_tokens_total") == 15
+    spec = "flare_speculative_"
+    assert _value(families, spec + "accepted_tokens", spec + "accepted_tokens_total", source="learned") == 9
+    assert _value(families, spec + "draft_tokens", spec + "draft_tokens_total", source="learned") == 15
+    assert _value(families, spec + "rounds", spec + "rounds_total", source="copy") == 2
+    assert _value(families, spec + "emitted_tokens", spec + "emitted_tokens_total", source="copy") == 3
+    per_position = spec + "accepted_per_position"
+    assert [_value(families, per_position, per_position + "_total", source="learned", position=str(i))
+            for i in (1, 2, 3)] == [4, 3, 2]
+    assert _value(families, per_position, per_position + "_total", source="copy", position="1") == 1
     assert families["flare_requests_running"].type == "gauge"
 
 

@@ -1,0 +1,128 @@
+"""A program's outputs, checked and copied to the host (program contract version 2, "Outputs").
+
+``read_outputs`` turns the tensors one frame returned into plain per-row
+values the executor builds ``CompletionRecord``s from: committed tokens,
+verified lengths (``offered = verified_lens - 1`` on decode rows), rank zero's
+joint-prefix confidence per slot (C12) and survival products per row (C13).
+
+Everything is validated here, before a single record exists (A2): wrong
+shapes, verified lengths that differ from what the host asked, exceed a
+prefix-limit lane's ceiling or the program's P, and probabilities outside
+[0, 1] raise ``FrameOutputError``. The engine then fails that frame's
+requests; the scheduler never sees a malformed completion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from helios.scheduler import rounds
+from helios.scheduler.types import GraphDescriptor, LanePhase
+
+
+class FrameOutputError(ValueError):
+    """A program returned outputs that break the program contract."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameOutputs:
+    """One frame's outputs on the host, by row (and by slot for confidence)."""
+
+    tokens: tuple[tuple[int, ...], ...]  # per row: its num_tokens committed tokens
+    verified: tuple[int, ...] | None  # verified_lens per row; None for programs without it
+    confidence: tuple[tuple[float, ...], ...] | None  # per slot: joint prefix probabilities [1, slot, :]
+    survival: tuple[tuple[float, ...], ...] | None  # per row: cumulative min(1, p/q) products
+
+    def offered(self, row) -> int:
+        """Drafts the row verified: the program's count where it reports one, else the host's."""
+        return row.offered if self.verified is None else self.verified[row.row] - 1
+
+    def confidence_row(self, slot: int) -> tuple[float, ...] | None:
+        return None if self.confidence is None else self.confidence[slot]
+
+    def survival_row(self, row: int, offered: int) -> tuple[float, ...] | None:
+        """Only the verified positions: the rest are zero by contract and say nothing (S10)."""
+        if self.survival is None or offered <= 0:
+            return None
+        return self.survival[row][:offered]
+
+
+def read_outputs(graph: GraphDescriptor, rows: Sequence, outputs: Mapping[str, Any], slots: int) -> FrameOutputs:
+    """Checked host copies of ``outputs`` for the bound ``rows`` of a ``graph`` frame over ``slots`` slots."""
+    b = graph.batch_capacity
+    tokens = _host(graph, outputs, "tokens", (b, graph.width))
+    counts = _host(graph, outputs, "num_tokens", (b,))
+    verified = _verified(graph, rows, outputs)
+    _check_counts(graph, rows, counts, verified)
+    return FrameOutputs(
+        tokens=tuple(tuple(tokens[i][: counts[i]]) for i in range(b)),
+        verified=verified,
+        confidence=_confidence(graph, outputs, slots),
+        survival=_probabilities(graph, outputs, "survival", (b, max(graph.proposal_depth, 1))),
+    )
+
+
+def _host(graph: GraphDescriptor, outputs: Mapping[str, Any], name: str, shape: tuple[int, ...]) -> list:
+    if name not in outputs:
+        raise FrameOutputError(f"{graph.id}: no {name!r} output; the program returned {sorted(outputs)}")
+    tensor = outputs[name]
+    if tuple(tensor.shape) != shape:
+        raise FrameOutputError(f"{graph.id}: {name} has shape {tuple(tensor.shape)}, expected {shape}")
+    return tensor.tolist()
+
+
+def _verified(graph: GraphDescriptor, rows: Sequence, outputs: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """verified_lens, checked against what the host asked: equal, or within a prefix-limit ceiling."""
+    if "verified_lens" not in outputs:
+        return None
+    verified = tuple(_host(graph, outputs, "verified_lens", (graph.batch_capacity,)))
+    device_allocated = rounds.is_prefix_limit(graph)
+    for row in rows:
+        got, asked = verified[row.row], row.query_length
+        if device_allocated and row.lane.phase is LanePhase.DECODE:
+            if not 1 <= got <= asked:
+                raise FrameOutputError(f"{graph.id} row {row.row}: verified {got} rows, outside 1..its ceiling {asked}")
+        elif got != asked:
+            raise FrameOutputError(f"{graph.id} row {row.row}: verified {got} rows but the host bound {asked}")
+    used = sum(verified[row.row] for row in rows if row.lane.phase is LanePhase.DECODE)
+    if device_allocated and used > graph.target_rows:
+        raise FrameOutputError(f"{graph.id}: rows verify {used} target rows, more than P = {graph.target_rows}")
+    return verified
+
+
+def _check_counts(graph: GraphDescriptor, rows: Sequence, counts: Sequence[int], verified) -> None:
+    for row in rows:
+        count = counts[row.row]
+        if row.lane.phase is LanePhase.PROMPT:
+            ceiling = 1 if row.lane.finishes_prompt else 0
+        else:
+            ceiling = row.query_length if verified is None else verified[row.row]
+        low = 1 if row.lane.phase is LanePhase.DECODE else 0
+        if not low <= count <= ceiling:
+            raise FrameOutputError(f"{graph.id} row {row.row}: num_tokens {count} outside {low}..{ceiling}")
+
+
+def _confidence(graph: GraphDescriptor, outputs: Mapping[str, Any], slots: int) -> tuple | None:
+    """Rank zero's joint prefix probabilities per slot ([1, slot, :]); required where declared (C12)."""
+    if graph.confidence_width <= 0:
+        return None
+    if "confidence" not in outputs:
+        raise FrameOutputError(f"{graph.id}: declares confidence_width {graph.confidence_width} "
+                               "but returned no 'confidence' output")
+    sidecar = _probabilities(graph, outputs, "confidence", (2, slots, graph.confidence_width))
+    return sidecar[slots:]  # the second plane: joint prefix probabilities, one row per slot
+
+
+def _probabilities(graph: GraphDescriptor, outputs: Mapping[str, Any], name: str, shape) -> tuple | None:
+    """A float output flattened to rows of its last axis, every value a probability."""
+    if name not in outputs:
+        return None
+    values = _host(graph, outputs, name, shape)
+    flat = [tuple(row) for plane in values for row in plane] if len(shape) == 3 else [tuple(r) for r in values]
+    bad = next((p for row in flat for p in row if not (math.isfinite(p) and 0.0 <= p <= 1.0)), None)
+    if bad is not None:
+        raise FrameOutputError(f"{graph.id}: {name} holds {bad}, not a probability in [0, 1]")
+    return tuple(flat)
