@@ -855,6 +855,8 @@ def _validate_record(record: CompletionRecord, lane: PlannedLane, graph: GraphDe
         raise ValueError(f"{where}: offered drafts must be in 0..min(D, W-1), got {record.offered}")
     if len(record.tokens) > record.offered + 1:
         raise ValueError(f"{where}: {len(record.tokens)} tokens from {record.offered} offered drafts (at most offered + 1)")
+    if lane.ceiling and record.offered + 1 > lane.ceiling:
+        raise ValueError(f"{where}: verified {record.offered + 1} rows beyond the lane's ceiling {lane.ceiling} (S2)")
 
 
 def _validate_rows(graph: GraphDescriptor, records) -> None:

@@ -20,7 +20,8 @@ from helios.scheduler.types import (
 MIXED = GraphDescriptor("mixed_b4_w2_p64", GraphKind.MIXED, batch_capacity=4, proposal_depth=1, width=2,
                         prefill_capacity=64, ragged=True, aggregate=70, value_source=ValueSource.QUERY_LENGTH)
 PREFIX = GraphDescriptor("spec_pl", GraphKind.SPECULATIVE, batch_capacity=4, proposal_depth=3, width=4,
-                         aggregate=8, ragged=True, value_source=ValueSource.PREFIX_LIMIT, proposal_source="learned")
+                         aggregate=8, ragged=True, value_source=ValueSource.PREFIX_LIMIT, proposal_source="learned",
+                         confidence_width=3)
 DECODE = GraphDescriptor("decode_b4", GraphKind.DECODE, batch_capacity=4)
 PROMPT = tuple(range(100, 140))
 
@@ -145,3 +146,117 @@ def test_a_plan_that_overflows_the_packed_capacity_is_refused():
     graph = GraphDescriptor("prefill_p32", GraphKind.PREFILL, batch_capacity=1, prefill_capacity=32)
     with pytest.raises(ValueError, match="packed tokens exceed"):
         bind(plan_of(graph, lanes), contexts(lanes), page_table())
+
+
+# ---------------------------------------------------------------------------
+# Program contract version 2: proposals, verified lengths, sidecars (S1, S2, C12, C13, A2)
+# ---------------------------------------------------------------------------
+
+LEARNED = GraphDescriptor("spec_b2_d3_w4_p8", GraphKind.SPECULATIVE, batch_capacity=2, proposal_depth=3, width=4,
+                          aggregate=8, value_source=ValueSource.QUERY_LENGTH, proposal_source="learned")
+COPY = GraphDescriptor("spec_b2_d3_w4_p8_copy", GraphKind.SPECULATIVE, batch_capacity=2, proposal_depth=3, width=4,
+                       aggregate=8, value_source=ValueSource.QUERY_LENGTH, proposal_source="copy")
+SLOTS = 4
+
+
+class V2Program(FakeProgram):
+    """A fake v2 program: fixed outputs plus whichever sidecars it is given."""
+
+    def __init__(self, tokens, counts, verified, **sidecars):
+        super().__init__(tokens, counts)
+        self.extra = {"verified_lens": torch.tensor(verified, dtype=torch.int32),
+                      **{k: torch.tensor(v, dtype=torch.float32) for k, v in sidecars.items()}}
+
+    def __call__(self, **named):
+        return {**super().__call__(**named), **self.extra}
+
+
+def run_v2(graph, lanes, program, drafts=(7, 8, 9)):
+    frame = bind(plan_of(graph, lanes), contexts(lanes, drafts), page_table())
+    return Executor({}, lambda graph_id: program, frozenset({99})).run(frame, 0).records, program.calls[0]
+
+
+def confidence_sidecar(rows_by_slot):
+    """[2, S, D]: per-position probabilities and their cumulative products, zero for absent slots."""
+    plane = torch.zeros(SLOTS, 3)
+    for slot, row in rows_by_slot.items():
+        plane[slot] = torch.tensor(row)
+    return torch.stack([plane, plane.cumprod(dim=1)]).tolist()
+
+
+def test_S4_learned_programs_take_no_host_drafts_and_offer_what_they_verified():
+    lanes = [decode_lane(1, 4), decode_lane(3, 2)]
+    program = V2Program([[5, 6, 7, 0], [8, 0, 0, 0]], [3, 1], [4, 2], survival=[[0.9, 0.5, 0.0], [0.2, 0.0, 0.0]])
+    records, inputs = run_v2(LEARNED, lanes, program)
+    assert "draft_tokens" not in inputs and inputs["query_lens"].tolist() == [4, 2]
+    assert [r.offered for r in records] == [3, 1]
+    assert [r.tokens for r in records] == [(5, 6, 7), (8,)]
+    assert records[0].survival == pytest.approx((0.9, 0.5, 0.0)) and records[1].survival == pytest.approx((0.2,))
+
+
+def test_S4_copy_programs_take_the_host_prompt_lookup_drafts_after_the_pending_token():
+    lanes = [decode_lane(0, 3), decode_lane(2, 1)]
+    program = V2Program([[5, 6, 0, 0], [8, 0, 0, 0]], [2, 1], [3, 1])
+    records, inputs = run_v2(COPY, lanes, program, drafts=(41, 42, 43))
+    assert inputs["draft_tokens"].tolist() == [[41, 42, 0], [0, 0, 0]]  # D bounds the supplied prefix
+    assert [r.offered for r in records] == [2, 0] and records[0].survival is None
+
+
+def test_C12_S2_prefix_limit_records_carry_their_slots_joint_prefix_probabilities():
+    lanes = [decode_lane(2, ceiling=4), decode_lane(0, ceiling=2)]
+    conf = confidence_sidecar({2: [0.8, 0.5, 0.5], 0: [0.6, 0.9, 0.9]})
+    program = V2Program([[5, 6, 0, 0], [7, 8, 0, 0], [0] * 4, [0] * 4], [2, 2, 0, 0], [3, 2, 0, 0], confidence=conf)
+    records, _ = run_v2(PREFIX, lanes, program)
+    assert [r.offered for r in records] == [2, 1]  # the device allocation, not the ceilings
+    assert records[0].confidence == pytest.approx((0.8, 0.4, 0.2))
+    assert records[1].confidence == pytest.approx((0.6, 0.54, 0.486))
+
+
+def _pl_program(verified=(3, 2, 0, 0), counts=(1, 1, 0, 0), confidence=None, **sidecars):
+    conf = confidence_sidecar({2: [0.8, 0.5, 0.5], 0: [0.6, 0.9, 0.9]}) if confidence is None else confidence
+    return V2Program([[5, 0, 0, 0], [7, 0, 0, 0], [0] * 4, [0] * 4], list(counts), list(verified),
+                     confidence=conf, **sidecars)
+
+
+@pytest.mark.parametrize("program, match", [
+    (_pl_program(verified=(3, 3, 0, 0)), "verified 3 rows, outside 1..its ceiling 2"),
+    (_pl_program(verified=(0, 2, 0, 0)), "verified 0 rows, outside 1..its ceiling 4"),
+    (_pl_program(counts=(4, 1, 0, 0)), "num_tokens 4 outside 1..3"),
+    (_pl_program(confidence=[[[0.5] * 3] * SLOTS]), "confidence has shape \\(1, 4, 3\\), expected \\(2, 4, 3\\)"),
+    (_pl_program(confidence=[[[0.5] * 3] * SLOTS, [[1.5] * 3] * SLOTS]), "confidence holds 1.5, not a probability"),
+    (_pl_program(survival=[[0.5, float("nan"), 0.0]] * 4), "survival holds nan, not a probability"),
+    (_pl_program(survival=[[0.5, 0.5]] * 4), "survival has shape \\(4, 2\\), expected \\(4, 3\\)"),
+])
+def test_A2_malformed_outputs_fail_the_frame_before_any_record_exists(program, match):
+    from helios.frame_outputs import FrameOutputError
+
+    lanes = [decode_lane(2, ceiling=4), decode_lane(0, ceiling=2)]
+    with pytest.raises(FrameOutputError, match=match):
+        run_v2(PREFIX, lanes, program)
+
+
+def test_A2_S2_device_allocation_beyond_P_fails_the_frame():
+    from helios.frame_outputs import FrameOutputError
+
+    lanes = [decode_lane(s, ceiling=4) for s in range(3)]
+    program = _pl_program(verified=(4, 4, 1, 0), counts=(1, 1, 1, 0))
+    with pytest.raises(FrameOutputError, match="9 target rows, more than P = 8"):
+        run_v2(PREFIX, lanes, program)
+
+
+def test_A2_a_program_declaring_confidence_must_return_it():
+    from helios.frame_outputs import FrameOutputError
+
+    lanes = [decode_lane(2, ceiling=4)]
+    program = V2Program([[5, 0, 0, 0]] + [[0] * 4] * 3, [1, 0, 0, 0], [1, 0, 0, 0])
+    with pytest.raises(FrameOutputError, match="confidence_width 3 but returned no 'confidence'"):
+        run_v2(PREFIX, lanes, program)
+
+
+def test_S1_a_host_allocated_row_must_verify_exactly_what_the_host_bound():
+    from helios.frame_outputs import FrameOutputError
+
+    lanes = [decode_lane(1, 3)]
+    program = V2Program([[5, 0, 0, 0], [0] * 4], [1, 0], [4, 0])
+    with pytest.raises(FrameOutputError, match="verified 4 rows but the host bound 3"):
+        run_v2(LEARNED, lanes, program)

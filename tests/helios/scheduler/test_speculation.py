@@ -253,3 +253,80 @@ def test_S6_S8_means_and_weights_read_together_equal_the_separate_reads(rounds, 
         estimates.observe(values)
     estimates.age(generated)
     assert estimates.means_and_weights(depths) == (estimates.means(depths), estimates.weights(depths))
+
+
+# ---------------------------------------------------------------------------
+# Malformed packed-round completions are refused before anything changes (S2, S6, A2)
+# ---------------------------------------------------------------------------
+
+
+def _packed_round(max_tokens=(100, 100)):
+    """A measured prefix-limit catalog with one committed round for len(max_tokens) decoding lanes."""
+    from sched_harness import MS, Driver, ask, measured, prefill, spec
+
+    from helios.scheduler import ExecutionTiming, ValueSource
+
+    packed = spec(2, 4, aggregate=6, source=ValueSource.PREFIX_LIMIT)
+    durations = {prefill(64): 4.0, packed: 5.0}
+    s = measured(durations)
+    handles = [s.admit(ask(64, n, sources=("learned",))) for n in max_tokens]
+    Driver(s, durations).run(len(handles))  # both prompts done
+    plan = s.plan()
+    assert plan is not None and plan.graph is packed
+    s.commit(plan, 10)
+    return s, plan, handles, ExecutionTiming(5 * MS, 5 * MS)
+
+
+def _estimates(s, handles):
+    return [s.acceptance_of(h).source("learned").survival(1) for h in handles], s.queued_fences
+
+
+def _rejected(s, handles, call, match):
+    before = _estimates(s, handles)
+    with pytest.raises(ValueError, match=match):
+        call()
+    assert _estimates(s, handles) == before  # nothing changed: the frame is still queued, estimates untouched
+
+
+def test_S2_A2_a_row_verified_beyond_its_lane_ceiling_is_refused_before_any_change():
+    from helios.scheduler import CompletionRecord
+
+    s, plan, (long, short), timing = _packed_round(max_tokens=(100, 3))  # the prefill published one token: room 2
+    ceilings = {lane.handle: lane.ceiling for lane in plan.lanes}
+    assert ceilings[short] == 2 and ceilings[long] == 4
+    beyond = [CompletionRecord(long, tokens=(1,), offered=0), CompletionRecord(short, tokens=(1, 2), offered=2)]
+    _rejected(s, (long, short), lambda: s.complete_packed_round(10, beyond, timing, None), "beyond the lane's ceiling 2")
+    good = [CompletionRecord(long, tokens=(1,), offered=0), CompletionRecord(short, tokens=(1, 2), offered=1)]
+    assert len(s.complete_packed_round(10, good, timing, None)) == 2  # the same fence completes once it is valid
+
+
+def test_S2_A2_rows_summing_beyond_P_are_refused_before_any_change():
+    from helios.scheduler import CompletionRecord
+
+    s, plan, handles, timing = _packed_round()
+    records = [CompletionRecord(h, tokens=(1, 2, 3, 4), offered=3) for h in handles]  # 8 rows > P = 6
+    _rejected(s, handles, lambda: s.complete_packed_round(10, records, timing, None), "more than P = 6")
+
+
+@pytest.mark.parametrize("confidence, survival, match", [
+    ([(0.5, 0.25, 0.1)], None, "one row per record"),  # one row for two records
+    ([(0.5, 0.25, 0.1, 0.05)] * 2, None, "at most D = 3"),
+    ([(0.5, 1.5, 0.1)] * 2, None, "probabilities in \\[0, 1\\]"),
+    ([(0.5, float("nan"), 0.1)] * 2, None, "probabilities in \\[0, 1\\]"),
+    ([(0.5, 0.25, 0.1)] * 2, [(0.9, -0.1), (0.9,)], "probabilities in \\[0, 1\\]"),
+    ([(0.5, 0.25, 0.1)] * 2, [(0.9,)], "one row per record"),
+])
+def test_S6_C12_C13_A2_malformed_sidecars_are_refused_before_any_change(confidence, survival, match):
+    from helios.scheduler import CompletionRecord
+
+    s, plan, handles, timing = _packed_round()
+    records = [CompletionRecord(h, tokens=(1, 2), offered=2) for h in handles]
+
+    def complete():
+        if survival is None:
+            return s.complete_packed_round(10, records, timing, confidence)
+        return s.complete_packed_round_with_survival(10, records, timing, confidence, survival)
+
+    _rejected(s, handles, complete, match)
+    out = s.complete_packed_round_with_survival(10, records, timing, [(0.5, 0.25, 0.1)] * 2, [(0.9, 0.4)] * 2)
+    assert [len(t.tokens) for t in out] == [2, 2]
