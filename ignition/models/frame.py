@@ -15,13 +15,15 @@ output token. Inactive rows (length 0) and unused capacity write nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 import helios.ops  # noqa: F401  (registers flare::write_slot_state)
 from ignition.models.qwen3 import PagedBatch, Qwen3, Weights
+from ignition.models.packing import packing
+from ignition.models.proposals import Proposals, absorb, allocate, draft_weights, propose, survival
 from ignition.models.sampling import sample
 
 
@@ -32,6 +34,14 @@ class FrameShape:
     packed: int  # T packed token capacity
     prompt: int  # C prompt tokens of the prompt row (0: no prompt row)
     scored: bool = False  # also score the prompt's tokens (scored prefill)
+    absorb: bool = False  # keeps the draft cache: draft forward over the committed input tokens
+    learned_depth: int = 0  # D learned proposal steps (0: drafts, if any, come from the host)
+    prefix_limit: bool = False  # query_lens are ceilings; the frame allocates its packed rows (S2)
+    speculative: bool = False  # reports verified_lens (speculative and mixed kinds)
+
+    @property
+    def uses_draft(self) -> bool:
+        return self.absorb or self.learned_depth > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +65,8 @@ class FrameInputs:
     prompt_final: Tensor | None = None
     draft_tokens: Tensor | None = None
     next_prompt_token: Tensor | None = None
+    draft_k_cache: Tensor | None = None
+    draft_v_cache: Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +83,13 @@ class Rows:
     valid: Tensor  # bool [T]
 
 
-def run_frame(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs) -> dict[str, Tensor]:
+def run_frame(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, draft: Qwen3 | None = None) -> dict[str, Tensor]:
+    """One frame; ``draft`` (with ``draft.``-prefixed weights in ``w``) when ``shape.uses_draft``."""
+    dw = draft_weights(w) if shape.uses_draft else {}
+    proposals = _propose(model, draft, dw, shape, x) if shape.learned_depth else None
+    if proposals is not None:
+        lens = allocate(proposals.joint, x.query_lens, shape.packed) if shape.prefix_limit else x.query_lens
+        x = replace(x, query_lens=lens, draft_tokens=proposals.tokens)
     rows = _rows(shape, x)
     tokens, positions = _packed_tokens(shape, x, rows)
     batch = PagedBatch(x.page_table, x.row_slots, x.query_lens, rows.start_pos.int())
@@ -80,24 +98,53 @@ def run_frame(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs) -> di
     logits = model.logits(w, hidden[picks])[..., : model.config.sampled_vocab_size]  # [B, W, V]
     produced = rows.start_pos[:, None] + (picks - rows.starts[:, None]) + 1
     targets = sample(logits, x.temperature, x.top_k, x.top_p, x.seed, produced)
-    out = _verify_and_commit(shape, x, rows, targets)
+    out, committed_lens = _verify_and_commit(shape, x, rows, targets)
+    if shape.absorb:
+        absorb(draft, dw, x, tokens, rows.starts, rows.start_pos, committed_lens)
     if shape.scored:
         out["logprobs"] = _prompt_logprobs(model, w, shape, x, hidden)
+    if shape.speculative:
+        out["verified_lens"] = x.query_lens.int()
+    if proposals is not None:
+        out.update(_sidecars(shape, x, rows, logits, proposals))
     return out
+
+
+def _propose(model: Qwen3, draft: Qwen3, dw: Weights, shape: FrameShape, x: FrameInputs) -> Proposals:
+    """Learned proposals: every active row draws all D (prefix_limit) or the ones it verifies."""
+    rows = _rows(shape, x)
+    wanted = (x.query_lens > 0).long() * shape.learned_depth if shape.prefix_limit else rows.lens - 1
+    steps = torch.where(rows.is_prompt, 0, wanted.clamp(min=0))
+    return propose(draft, dw, x, rows.start_pos, steps, shape.learned_depth, model.config.sampled_vocab_size)
+
+
+def _sidecars(shape: FrameShape, x: FrameInputs, rows: Rows, logits: Tensor, proposals: Proposals) -> dict[str, Tensor]:
+    """Survival (C13) and, for prefix_limit programs, the confidence sidecar (C12)."""
+    offered = torch.where(rows.is_prompt, 0, (rows.lens - 1).clamp(min=0))
+    out = {"survival": survival(logits, proposals, x, offered)}
+    if shape.prefix_limit:
+        out["confidence"] = _confidence(x, proposals)
+    return out
+
+
+def _confidence(x: FrameInputs, proposals: Proposals) -> Tensor:
+    """``[2, S, D]``: per-position and joint prefix draft probabilities by slot; 0 for slots not in the frame."""
+    slots = x.pending.shape[0]
+    target = torch.where(x.query_lens > 0, x.row_slots.long(), slots)  # inactive rows land on a spare row
+    per_position = torch.zeros(slots + 1, proposals.tokens.shape[1], device=x.pending.device)
+    per_position = per_position.index_copy(0, target, proposals.confidence)[:slots]
+    return torch.stack([per_position, per_position.cumprod(dim=1)])
 
 
 def _rows(shape: FrameShape, x: FrameInputs) -> Rows:
     lens = x.query_lens.long()
-    ends = lens.cumsum(0)
-    starts = ends - lens
-    t = torch.arange(shape.packed, device=lens.device)
-    row_of = torch.searchsorted(ends, t, right=True).clamp(max=shape.batch - 1)
+    pack = packing(lens, shape.packed)
     # Inactive rows may carry any slot id: clamp reads, never write through them.
     slots = x.row_slots.long().clamp(0, x.pending.shape[0] - 1)
     is_prompt = _prompt_rows(shape, x)
     seq = x.seq_lens.long()[slots]
     start_pos = torch.where(is_prompt, x.prompt_start.long(), seq) if shape.prompt else seq
-    return Rows(lens, starts, is_prompt, x.pending[slots], start_pos, row_of, t - starts[row_of], t < ends[-1])
+    return Rows(lens, pack.starts, is_prompt, x.pending[slots], start_pos, pack.row_of, pack.index_in_row, pack.valid)
 
 
 def _prompt_rows(shape: FrameShape, x: FrameInputs) -> Tensor:
@@ -133,7 +180,8 @@ def _sample_index(shape: FrameShape, rows: Rows) -> Tensor:
     return picks.clamp(0, shape.packed - 1)
 
 
-def _verify_and_commit(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Tensor) -> dict[str, Tensor]:
+def _verify_and_commit(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+    """Outputs ``tokens``/``num_tokens`` and each row's committed input tokens (0 when inactive)."""
     accepted = _accepted_drafts(shape, x, rows, targets)  # [B]
     bonus = targets.gather(1, accepted[:, None])[:, 0]
     k = torch.arange(shape.width, device=targets.device)[None, :]
@@ -155,7 +203,8 @@ def _verify_and_commit(shape: FrameShape, x: FrameInputs, rows: Rows, targets: T
     torch.ops.flare.write_slot_state(
         x.pending, x.seq_lens, x.row_slots, x.query_lens, new_pending, new_seq.to(x.seq_lens.dtype)
     )
-    return {"tokens": committed, "num_tokens": count.int()}
+    committed_lens = torch.where(active, new_seq - rows.start_pos, 0)
+    return {"tokens": committed, "num_tokens": count.int()}, committed_lens
 
 
 def _accepted_drafts(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Tensor) -> Tensor:

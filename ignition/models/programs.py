@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from helios.scheduler.types import GraphDescriptor, GraphKind
+from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 from ignition.models.frame import FrameInputs, FrameShape, run_frame
+from ignition.models.proposals import DRAFT_PREFIX
 from ignition.models.qwen3 import Qwen3, Qwen3Config, Weights
 
 
@@ -40,15 +41,23 @@ class StateLayout:
         """Tokens one slot can hold (its page-table row full)."""
         return self.page_size * self.max_pages_per_slot
 
-    def new_state(self, config: Qwen3Config, device: torch.device | str = "cpu") -> dict[str, Tensor]:
-        """Zeroed state tensors, keyed by their program input names."""
-        cache = (config.num_layers, self.num_pages, self.page_size, config.num_kv_heads, config.head_dim)
-        return {
-            "k_cache": torch.zeros(cache, dtype=self.cache_dtype, device=device),
-            "v_cache": torch.zeros(cache, dtype=self.cache_dtype, device=device),
+    def new_state(self, config: Qwen3Config, draft: Qwen3Config | None = None,
+                  device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        """Zeroed state tensors, keyed by their program input names; the draft's
+        caches (same pages, the draft's sizes) when ``draft`` is given."""
+        state = {
+            "k_cache": self._cache(config, device),
+            "v_cache": self._cache(config, device),
             "pending": torch.zeros(self.request_slots, dtype=torch.int64, device=device),
             "seq_lens": torch.zeros(self.request_slots, dtype=torch.int32, device=device),
         }
+        if draft is not None:
+            state.update(draft_k_cache=self._cache(draft, device), draft_v_cache=self._cache(draft, device))
+        return state
+
+    def _cache(self, config: Qwen3Config, device: torch.device | str) -> Tensor:
+        shape = (config.num_layers, self.num_pages, self.page_size, config.num_kv_heads, config.head_dim)
+        return torch.zeros(shape, dtype=self.cache_dtype, device=device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,110 +91,65 @@ class ProgramSpec:
 
 
 STATE_INPUTS = ("k_cache", "v_cache", "pending", "seq_lens")
+DRAFT_STATE = ("draft_k_cache", "draft_v_cache")  # only in programs that run the draft model
 FRAME_INPUTS = ("page_table", "row_slots", "query_lens", "temperature", "top_k", "top_p", "seed")
 PROMPT_INPUTS = ("prompt_tokens", "prompt_start", "prompt_final")
 
 
-class _Program(nn.Module):
-    input_extras: tuple[str, ...] = ()  # kind-specific inputs after the common ones
+class FrameProgram(nn.Module):
+    """One descriptor's frame: ``forward(weights, *tensors)`` with tensors in ``names`` order."""
 
-    def __init__(self, config: Qwen3Config, shape: FrameShape) -> None:
+    def __init__(self, config: Qwen3Config, draft: Qwen3Config | None, shape: FrameShape,
+                 names: tuple[str, ...], outputs: tuple[str, ...]) -> None:
         super().__init__()
         self.model = Qwen3(config)
+        self.draft = Qwen3(draft) if draft is not None else None
         self.shape = shape
+        self.names = names
+        self.output_names = outputs
 
-    def run(self, weights: Weights, common: tuple[Tensor, ...], **extras: Tensor) -> dict[str, Tensor]:
-        inputs = FrameInputs(*common, **extras)
-        return run_frame(self.model, weights, self.shape, inputs)
-
-
-class PrefillProgram(_Program):
-    """One prompt chunk of one request (B = 1)."""
-
-    input_extras = PROMPT_INPUTS
-
-    def forward(self, weights, k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens,
-                temperature, top_k, top_p, seed, prompt_tokens, prompt_start, prompt_final):
-        common = (k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens, temperature, top_k, top_p, seed)
-        out = self.run(weights, common, prefill_row=torch.zeros(1, dtype=torch.int32, device=query_lens.device), prompt_tokens=prompt_tokens,
-                       prompt_start=prompt_start, prompt_final=prompt_final)
-        return out["tokens"], out["num_tokens"]
+    def forward(self, weights: Weights, *tensors: Tensor) -> tuple[Tensor, ...]:
+        named = dict(zip(self.names, tensors, strict=True))
+        if "prefill_row" not in named and self.shape.prompt:  # prefill kinds: the one row is the prompt row
+            named["prefill_row"] = torch.zeros(1, dtype=torch.int32, device=named["query_lens"].device)
+        out = run_frame(self.model, weights, self.shape, FrameInputs(**named), self.draft)
+        return tuple(out[name] for name in self.output_names)
 
 
-class ScoredPrefillProgram(_Program):
-    """A prefill chunk that also returns the log-probability of each following prompt token."""
-
-    input_extras = (*PROMPT_INPUTS, "next_prompt_token")
-
-    def forward(self, weights, k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens,
-                temperature, top_k, top_p, seed, prompt_tokens, prompt_start, prompt_final, next_prompt_token):
-        common = (k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens, temperature, top_k, top_p, seed)
-        out = self.run(weights, common, prefill_row=torch.zeros(1, dtype=torch.int32, device=query_lens.device), prompt_tokens=prompt_tokens,
-                       prompt_start=prompt_start, prompt_final=prompt_final, next_prompt_token=next_prompt_token)
-        return out["tokens"], out["num_tokens"], out["logprobs"]
-
-
-class DecodeProgram(_Program):
-    """B rows of width one: feed each slot's pending token, sample the next."""
-
-    def forward(self, weights, k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens,
-                temperature, top_k, top_p, seed):
-        common = (k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens, temperature, top_k, top_p, seed)
-        out = self.run(weights, common)
-        return out["tokens"], out["num_tokens"]
-
-
-class SpeculativeProgram(_Program):
-    """Target verification of host drafts: pending token plus up to W - 1 drafts per row.
-
-    The proposal stage (``draft``) is not in the program yet: drafts come from
-    the host. A later issue adds it in front of verification, with the same
-    outputs, so the runtime contract only loses the ``draft_tokens`` input.
-    """
-
-    input_extras = ("draft_tokens",)
-
-    def forward(self, weights, k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens,
-                temperature, top_k, top_p, seed, draft_tokens):
-        common = (k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens, temperature, top_k, top_p, seed)
-        out = self.run(weights, common, draft_tokens=self.draft(draft_tokens))
-        return out["tokens"], out["num_tokens"]
-
-    def draft(self, host_drafts: Tensor) -> Tensor:
-        """Seam for the proposal stage; today the host's drafts pass through."""
-        return host_drafts
-
-
-class MixedProgram(SpeculativeProgram):
-    """At most one prompt row (``prefill_row``) plus decode/verification rows (spec C14)."""
-
-    input_extras = ("prefill_row", *PROMPT_INPUTS, "draft_tokens")
-
-    def forward(self, weights, k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens,
-                temperature, top_k, top_p, seed, prefill_row, prompt_tokens, prompt_start, prompt_final,
-                draft_tokens):
-        common = (k_cache, v_cache, pending, seq_lens, page_table, row_slots, query_lens, temperature, top_k, top_p, seed)
-        out = self.run(weights, common, prefill_row=prefill_row, prompt_tokens=prompt_tokens,
-                       prompt_start=prompt_start, prompt_final=prompt_final, draft_tokens=self.draft(draft_tokens))
-        return out["tokens"], out["num_tokens"]
-
-
-_PROGRAMS: dict[GraphKind, type[_Program]] = {
-    GraphKind.PREFILL: PrefillProgram,
-    GraphKind.SCORED_PREFILL: ScoredPrefillProgram,
-    GraphKind.DECODE: DecodeProgram,
-    GraphKind.SPECULATIVE: SpeculativeProgram,
-    GraphKind.MIXED: MixedProgram,
+_KIND_INPUTS: dict[GraphKind, tuple[str, ...]] = {
+    GraphKind.PREFILL: PROMPT_INPUTS,
+    GraphKind.SCORED_PREFILL: (*PROMPT_INPUTS, "next_prompt_token"),
+    GraphKind.DECODE: (),
+    GraphKind.SPECULATIVE: ("draft_tokens",),
+    GraphKind.MIXED: ("prefill_row", *PROMPT_INPUTS, "draft_tokens"),
 }
+_DRAFT_KEEPING = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.SPECULATIVE)
 
 
-def frame_shape(desc: GraphDescriptor) -> FrameShape:
-    """The fixed frame sizes a descriptor prepares, validated for its kind."""
+def frame_shape(desc: GraphDescriptor, has_draft: bool = False) -> FrameShape:
+    """The fixed frame sizes a descriptor prepares, validated for its kind.
+
+    ``has_draft``: the catalog keeps draft state (a draft model and learned
+    proposals), so prefill, speculative and speculation-enabled mixed frames absorb.
+    """
     kind = desc.kind
-    if kind not in _PROGRAMS:
+    if kind not in _KIND_INPUTS:
         raise ValueError(f"{desc.id}: no program builder for kind {kind.value!r}; supported: "
-                         f"{', '.join(k.value for k in _PROGRAMS)}")
-    prompt = desc.prefill_capacity
+                         f"{', '.join(k.value for k in _KIND_INPUTS)}")
+    _check_capacities(desc)
+    learned = _learned_depth(desc, has_draft)
+    return FrameShape(
+        desc.batch_capacity, desc.width, desc.max_packed_tokens, desc.prefill_capacity,
+        scored=kind is GraphKind.SCORED_PREFILL,
+        absorb=has_draft and (kind in _DRAFT_KEEPING or (kind is GraphKind.MIXED and desc.speculation_enabled)),
+        learned_depth=learned,
+        prefix_limit=desc.value_source is ValueSource.PREFIX_LIMIT,
+        speculative=kind in (GraphKind.SPECULATIVE, GraphKind.MIXED),
+    )
+
+
+def _check_capacities(desc: GraphDescriptor) -> None:
+    kind, prompt = desc.kind, desc.prefill_capacity
     if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
         if desc.batch_capacity != 1 or desc.width != 1 or prompt < 1:
             raise ValueError(f"{desc.id}: {kind.value} needs batch_capacity 1, width 1, prefill_capacity >= 1")
@@ -196,36 +160,62 @@ def frame_shape(desc: GraphDescriptor) -> FrameShape:
         raise ValueError(f"{desc.id}: {kind.value} programs take no prompt (prefill_capacity must be 0)")
     if kind is GraphKind.DECODE and desc.width != 1:
         raise ValueError(f"{desc.id}: decode has width 1; wider rows are speculative programs")
-    return FrameShape(desc.batch_capacity, desc.width, desc.max_packed_tokens, prompt,
-                      scored=kind is GraphKind.SCORED_PREFILL)
+
+
+def _learned_depth(desc: GraphDescriptor, has_draft: bool) -> int:
+    """D learned proposal steps, or 0 when drafts come from the host (copy) or there are none."""
+    learned = desc.proposal_source == "learned" and desc.width > 1
+    if desc.value_source is ValueSource.PREFIX_LIMIT and not learned:
+        raise ValueError(f"{desc.id}: prefix_limit allocation needs learned proposals (proposal_source "
+                         f"'learned' and width > 1), got {desc.proposal_source!r} at width {desc.width}")
+    if not learned:
+        return 0
+    if not has_draft:
+        raise ValueError(f"{desc.id}: learned proposals need the recipe's draft model; pass draft_config")
+    if desc.proposal_depth != desc.width - 1:
+        raise ValueError(f"{desc.id}: learned proposals need proposal_depth = width - 1 "
+                         f"({desc.width - 1}), got {desc.proposal_depth}")
+    return desc.proposal_depth
 
 
 def build_program(desc: GraphDescriptor, model_config: Qwen3Config, layout: StateLayout,
-                  example_weights: Weights | None = None) -> ProgramSpec:
-    """The program for one descriptor. ``example_weights`` (e.g. the loaded checkpoint)
-    avoids allocating zero weights for the example arguments."""
-    shape = frame_shape(desc)
-    program = _PROGRAMS[desc.kind]
-    inputs = _input_specs(program, shape, model_config, layout)
-    weights = example_weights if example_weights is not None else _zero_weights(model_config, layout)
-    if tuple(weights) != model_config.weight_keys():
-        raise ValueError("example_weights must hold exactly the config's weight_keys(), in that order")
-    example = (weights, *(_example_tensor(spec) for spec in inputs))
+                  example_weights: Weights | None = None, draft_config: Qwen3Config | None = None) -> ProgramSpec:
+    """The program for one descriptor.
+
+    ``draft_config``: the recipe's draft model, in a catalog with learned
+    proposals (programs that run it take its weights as ``draft.<key>``).
+    ``example_weights`` (e.g. the loaded checkpoints, target keys plus
+    ``draft.``-prefixed draft keys) avoids allocating zero weights; programs
+    take the keys they need from it.
+    """
+    shape = frame_shape(desc, draft_config is not None)
+    draft = draft_config if shape.uses_draft else None
+    keys = program_weight_keys(model_config, draft)
+    inputs = _input_specs(desc.kind, shape, model_config, draft, layout)
+    outputs = _output_specs(shape, layout.request_slots)
+    weights = _example_weights(keys, model_config, draft, layout, example_weights)
+    names = tuple(spec.name for spec in inputs)
+    output_names = tuple(spec.name for spec in outputs)
     return ProgramSpec(
         descriptor=desc,
-        module=program(model_config, shape),
-        example_args=example,
-        input_names=("weights", *(spec.name for spec in inputs)),
-        output_names=tuple(spec.name for spec in _output_specs(shape)),
-        weight_keys=model_config.weight_keys(),
+        module=FrameProgram(model_config, draft, shape, names, output_names),
+        example_args=(weights, *(_example_tensor(spec) for spec in inputs)),
+        input_names=("weights", *names),
+        output_names=output_names,
+        weight_keys=keys,
         inputs=inputs,
-        outputs=_output_specs(shape),
+        outputs=outputs,
     )
 
 
-def _input_specs(program: type[_Program], shape: FrameShape, config: Qwen3Config,
+def program_weight_keys(config: Qwen3Config, draft: Qwen3Config | None = None) -> tuple[str, ...]:
+    """A program's weights dict order: the target's keys, then the draft's prefixed ``draft.``."""
+    return config.weight_keys() + tuple(DRAFT_PREFIX + key for key in (draft.weight_keys() if draft else ()))
+
+
+def _input_specs(kind: GraphKind, shape: FrameShape, config: Qwen3Config, draft: Qwen3Config | None,
                  layout: StateLayout) -> tuple[TensorSpec, ...]:
-    state = layout.new_state(config)
+    state = layout.new_state(config, draft)
     specs = [TensorSpec(name, tuple(t.shape), t.dtype, mutated=True) for name, t in state.items()]
     per_frame = {
         "page_table": ((layout.request_slots, layout.max_pages_per_slot), torch.int32),
@@ -242,18 +232,25 @@ def _input_specs(program: type[_Program], shape: FrameShape, config: Qwen3Config
         "next_prompt_token": ((1,), torch.int64),
         "draft_tokens": ((shape.batch, shape.width - 1), torch.int64),
     }
-    for name in (*FRAME_INPUTS, *program.input_extras):
-        specs.append(TensorSpec(name, *per_frame[name]))
+    extras = [name for name in _KIND_INPUTS[kind] if not (name == "draft_tokens" and shape.learned_depth)]
+    specs += [TensorSpec(name, *per_frame[name]) for name in (*FRAME_INPUTS, *extras)]
     return tuple(specs)
 
 
-def _output_specs(shape: FrameShape) -> tuple[TensorSpec, ...]:
+def _output_specs(shape: FrameShape, slots: int) -> tuple[TensorSpec, ...]:
+    depth = shape.learned_depth
     specs = [
         TensorSpec("tokens", (shape.batch, shape.width), torch.int64),
         TensorSpec("num_tokens", (shape.batch,), torch.int32),
     ]
     if shape.scored:
         specs.append(TensorSpec("logprobs", (shape.prompt,), torch.float32))
+    if shape.speculative:
+        specs.append(TensorSpec("verified_lens", (shape.batch,), torch.int32))
+    if shape.prefix_limit:
+        specs.append(TensorSpec("confidence", (2, slots, depth), torch.float32))
+    if depth:
+        specs.append(TensorSpec("survival", (shape.batch, depth), torch.float32))
     return tuple(specs)
 
 
@@ -263,5 +260,14 @@ def _example_tensor(spec: TensorSpec) -> Tensor:
     return torch.zeros(spec.shape, dtype=spec.dtype)
 
 
-def _zero_weights(config: Qwen3Config, layout: StateLayout) -> Weights:
-    return {key: torch.zeros(shape, dtype=layout.cache_dtype) for key, shape in config.weight_shapes().items()}
+def _example_weights(keys: tuple[str, ...], config: Qwen3Config, draft: Qwen3Config | None, layout: StateLayout,
+                     given: Weights | None) -> Weights:
+    if given is None:
+        draft_shapes = draft.weight_shapes() if draft else {}
+        shapes = {**config.weight_shapes(), **{DRAFT_PREFIX + k: s for k, s in draft_shapes.items()}}
+        return {key: torch.zeros(shapes[key], dtype=layout.cache_dtype) for key in keys}
+    missing = [key for key in keys if key not in given]
+    if missing:
+        raise ValueError(f"example_weights lacks {len(missing)} keys the program reads, e.g. {missing[:3]}; "
+                         "pass the target's weights plus the draft's prefixed 'draft.'")
+    return {key: given[key] for key in keys}

@@ -55,6 +55,15 @@ def filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     return logits.masked_fill(~keep_unsorted, float("-inf"))
 
 
+def sampling_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """The distribution ``sample`` draws from, ``[B, W, V]``: the filtered softmax at
+    temperature > 0, a one-hot of the argmax at temperature 0."""
+    scaled = logits / temperature.clamp(min=1e-5)[:, None, None]
+    probs = filter_top_k_top_p(scaled, top_k, top_p).softmax(-1)
+    greedy = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(probs.dtype)
+    return torch.where(temperature[:, None, None] > 0, probs, greedy)
+
+
 def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
            seed: Tensor, positions: Tensor) -> Tensor:
     """Tokens ``[B, W]`` from logits ``[B, W, V]``; ``positions`` are the produced tokens' positions."""
