@@ -132,8 +132,13 @@ def _lane_length(lane: PlannedLane, graph: GraphDescriptor) -> int:
 
 
 def takes_host_drafts(graph: GraphDescriptor) -> bool:
-    """Whether the program has a ``draft_tokens`` input: learned programs draw their own proposals."""
-    return graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) and graph.proposal_source != "learned"
+    """Whether the program has a ``draft_tokens`` input ([B, W-1]; [B, 0] at width one).
+
+    Every speculative and mixed program has one except the wider learned ones,
+    which draw their own proposals.
+    """
+    learned = graph.proposal_source == "learned" and graph.width > 1
+    return graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) and not learned
 
 
 def bind(plan: ScheduledPlan, contexts: Mapping, page_table: torch.Tensor) -> BoundFrame:
