@@ -110,9 +110,9 @@ def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
 
     ``off`` (or ``width`` 1: zero drafts, or a catalog without speculative
     programs) keeps the ordinary programs, which never touch the draft model.
-    Otherwise the ordinary decode and mixed variants give way to their
-    draft-keeping twins (a frame that skipped draft absorption would leave the
-    draft cache behind). ``adaptive`` keeps every width up to ``width``;
+    Otherwise, in a catalog with draft state (learned proposals), the ordinary
+    decode and mixed variants give way to their draft-keeping twins (a frame
+    that skipped draft absorption would leave the draft cache behind). ``adaptive`` keeps every width up to ``width``;
     ``fixed`` keeps one verification width (``width``, default the widest),
     host-allocated ragged programs included, and drops device-allocated
     (prefix-limit) rounds, which need adaptive selection.
@@ -123,7 +123,8 @@ def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
                          f"its widths are {', '.join(map(str, [1, *widths]))} (1 loads the ordinary programs only)")
     if speculation == "off" or width == 1 or not widths:
         return tuple(g for g in graphs if g.proposal_source is None)
-    kept = tuple(g for g in graphs if not _ordinary_generation(g))
+    keeps_draft_state = any(g.proposal_source == "learned" for g in graphs)
+    kept = tuple(g for g in graphs if not (keeps_draft_state and _ordinary_generation(g)))
     if speculation == "adaptive":
         return tuple(g for g in kept if width is None or g.width <= width)
     fixed = width or widths[-1]

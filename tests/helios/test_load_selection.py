@@ -52,6 +52,11 @@ def test_Y3_a_catalog_without_speculative_programs_serves_ordinary_programs_in_e
         assert select_programs(ordinary, mode) == ordinary
 
 
+def test_Y3_a_copy_only_catalog_keeps_ordinary_decoding_beside_its_copy_rounds():
+    copy_only = tuple(g for g in CATALOG if g.proposal_source in (None, "copy"))
+    assert ids(select_programs(copy_only, "adaptive")) == ORDINARY | {"spec_b4_w4_copy"}
+
+
 def test_C6_fixed_defaults_to_the_widest_width_keeps_host_allocated_ragged_and_drops_device_allocation():
     kept = ids(select_programs(CATALOG, "fixed"))
     assert "spec_b4_w4_ql" in kept and "spec_b4_w4_pl" not in kept
