@@ -136,13 +136,12 @@ def _ordinary_generation(graph: GraphDescriptor) -> bool:
 
 
 def _fixed_keeps(graph: GraphDescriptor, width: int) -> bool:
-    """Fixed width W: prompt programs, width-W rounds, and mixed frames (width one keeps prompts flowing)."""
+    """Fixed width W: prompt programs and width-W rounds, separate and mixed alike (a width-one mixed
+    frame without a prompt row would be a width-one decode round)."""
     if graph.value_source is ValueSource.PREFIX_LIMIT:
         return False
-    if graph.kind is GraphKind.SPECULATIVE:
+    if graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED):
         return graph.width == width
-    if graph.kind is GraphKind.MIXED:
-        return graph.width in (1, width)
     return True
 
 

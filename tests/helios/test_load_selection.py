@@ -60,13 +60,13 @@ def test_Y3_a_copy_only_catalog_keeps_ordinary_decoding_beside_its_copy_rounds()
 def test_C6_fixed_defaults_to_the_widest_width_keeps_host_allocated_ragged_and_drops_device_allocation():
     kept = ids(select_programs(CATALOG, "fixed"))
     assert "spec_b4_w4_ql" in kept and "spec_b4_w4_pl" not in kept
-    assert kept == {"prefill_p64", "spec_b1_w4", "spec_b4_w4_ql", "spec_b4_w4_copy", "mixed_b2_w1_spec", "mixed_b2_w4"}
+    assert kept == {"prefill_p64", "spec_b1_w4", "spec_b4_w4_ql", "spec_b4_w4_copy", "mixed_b2_w4"}
 
 
 def test_C6_fixed_at_a_chosen_width_keeps_exactly_that_verification_width():
     kept = select_programs(CATALOG, "fixed", 2)
-    assert ids(kept) == {"prefill_p64", "spec_b4_w2", "mixed_b2_w1_spec"}
-    assert {g.width for g in kept if g.kind is SPEC} == {2}
+    assert ids(kept) == {"prefill_p64", "spec_b4_w2"}  # no width-one rounds, mixed or separate
+    assert {g.width for g in kept if g.kind is not GraphKind.PREFILL} == {2}
 
 
 def test_C6_a_width_only_removes_wider_programs_speculative_and_mixed_alike():
