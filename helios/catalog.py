@@ -41,7 +41,7 @@ __all__ = [
     "torch_release",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: draft state, combined target+draft weights inputs (program contract v2)
 MANIFEST_NAME = "catalog.yaml"
 
 
@@ -89,7 +89,9 @@ class ArgSpec:
     """One program input or output, or one persistent state tensor.
 
     A weights input (``weights`` names its set, e.g. "target") receives the whole
-    dict of that set, keyed in the set's recorded order; it has no shape.
+    dict of that set, keyed in the set's recorded order, followed by the keys
+    of each ``prefixed`` set as ``<set>.<key>`` (programs that run the draft
+    take ``target`` then ``draft.*``); it has no shape.
     """
 
     name: str
@@ -97,10 +99,17 @@ class ArgSpec:
     dtype: str = ""
     mutated: bool = False
     weights: str | None = None
+    prefixed: tuple[str, ...] = ()
+
+    def weight_order(self, set_keys: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+        """The dict key order of a weights input, from each set's recorded keys."""
+        assert self.weights is not None, f"{self.name} is not a weights input"
+        return tuple(set_keys[self.weights]) + tuple(f"{s}.{k}" for s in self.prefixed for k in set_keys[s])
 
     def to_dict(self) -> dict[str, Any]:
         if self.weights is not None:
-            return _OneLine(name=self.name, weights=self.weights)
+            extra = {"prefixed": list(self.prefixed)} if self.prefixed else {}
+            return _OneLine(name=self.name, weights=self.weights, **extra)
         return _OneLine(name=self.name, shape=list(self.shape), dtype=self.dtype, mutated=self.mutated)
 
     @classmethod
@@ -111,6 +120,7 @@ class ArgSpec:
             dtype=str(raw.get("dtype", "")),
             mutated=bool(raw.get("mutated", False)),
             weights=raw.get("weights"),
+            prefixed=tuple(raw.get("prefixed", ())),
         )
 
 
@@ -302,19 +312,22 @@ class CatalogProgram:
 
     Weights inputs are filled from the catalog unless the caller passes them.
     Mutated inputs (caches, pending tokens, lengths) are updated in place.
+    The caller may pass the whole persistent state: state tensors a program
+    does not take (the draft caches, for programs that never run the draft)
+    are left out.
     """
 
-    def __init__(
-        self, entry: ProgramEntry, module: Callable[..., Any], weights: Mapping[str, Mapping[str, torch.Tensor]]
-    ):
+    def __init__(self, entry: ProgramEntry, module: Callable[..., Any],
+                 weights: Callable[[ArgSpec], Mapping[str, torch.Tensor]], state_names: frozenset[str] = frozenset()):
         self.entry = entry
         self.module = module
         self._weights = weights
+        self._state_names = state_names
 
     def bind(self, named: Mapping[str, Any]) -> tuple[Any, ...]:
         """Positional arguments in the program's recorded input order."""
         expected = [a.name for a in self.entry.inputs]
-        unknown = sorted(set(named) - set(expected))
+        unknown = sorted(set(named) - set(expected) - self._state_names)
         if unknown:
             raise CatalogError(f"program {self.entry.id}: unknown inputs {unknown}; it takes {expected}")
         return tuple(self._argument(spec, named) for spec in self.entry.inputs)
@@ -323,7 +336,7 @@ class CatalogProgram:
         if spec.name in named:
             return named[spec.name]
         if spec.weights is not None:
-            return self._weights[spec.weights]
+            return self._weights(spec)
         raise CatalogError(f"program {self.entry.id}: missing input {spec.name!r}")
 
     def __call__(self, **named: Any) -> dict[str, Any]:
@@ -342,6 +355,7 @@ class Catalog:
         self._entries = {p.id: p for p in manifest.programs}
         self._programs: dict[str, CatalogProgram] = {}
         self._weights: dict[str, dict[str, torch.Tensor]] | None = None
+        self._program_weights: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
 
     @property
     def descriptors(self) -> tuple[GraphDescriptor, ...]:
@@ -372,6 +386,18 @@ class Catalog:
             self._weights = {w.name: _read_weight_set(self.path, w) for w in self.manifest.weights}
         return self._weights
 
+    def program_weights(self, spec: ArgSpec) -> dict[str, torch.Tensor]:
+        """The dict a weights input takes: its set, then each prefixed set as ``<set>.<key>``
+        (built once per combination; the tensors are shared, not copied)."""
+        combination = (spec.weights, *spec.prefixed)
+        if combination not in self._program_weights:
+            sets = self.weights
+            combined = dict(sets[spec.weights])
+            for name in spec.prefixed:
+                combined.update({f"{name}.{key}": tensor for key, tensor in sets[name].items()})
+            self._program_weights[combination] = combined
+        return self._program_weights[combination]
+
     def program(self, program_id: str) -> CatalogProgram:
         """The loaded program for ``program_id`` (materialized on first use, then cached).
 
@@ -388,7 +414,8 @@ class Catalog:
 
     def _materialize(self, program_id: str, compiled: bool) -> CatalogProgram:
         entry = self.entry(program_id)
-        return CatalogProgram(entry, _load_module(self.path, entry, compiled), self.weights)
+        state = frozenset(t.name for t in self.manifest.state.tensors)
+        return CatalogProgram(entry, _load_module(self.path, entry, compiled), self.program_weights, state)
 
 
 def _read_weight_set(root: Path, weight_set: WeightSet) -> dict[str, torch.Tensor]:
@@ -444,7 +471,8 @@ def _read_manifest(root: Path) -> Manifest:
     if raw["format_version"] != FORMAT_VERSION:
         raise CatalogError(
             f"{root}: catalog format version {raw['format_version']} but this Flare reads version "
-            f"{FORMAT_VERSION}; recapture it with `ignition capture`"
+            f"{FORMAT_VERSION} (program contract {FORMAT_VERSION}: draft state and in-program proposals); "
+            "recapture it with `ignition capture`"
         )
     try:
         manifest = Manifest.from_dict(raw)
@@ -458,9 +486,10 @@ def _check_weight_references(manifest_path: Path, manifest: Manifest) -> None:
     known = {w.name for w in manifest.weights}
     for program in manifest.programs:
         for arg in program.inputs:
-            if arg.weights is not None and arg.weights not in known:
-                raise CatalogError(f"{manifest_path}: program {program.id} input {arg.name!r} takes weight set "
-                                   f"{arg.weights!r}, but the catalog has only {sorted(known)}")
+            for name in (arg.weights, *arg.prefixed) if arg.weights is not None else ():
+                if name not in known:
+                    raise CatalogError(f"{manifest_path}: program {program.id} input {arg.name!r} takes weight set "
+                                       f"{name!r}, but the catalog has only {sorted(known)}")
 
 
 def _check_versions(root: Path, manifest: Manifest) -> None:

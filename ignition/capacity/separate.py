@@ -15,9 +15,13 @@ speculative      (only when the envelope has drafts) per request bucket B:
     P = R, once per value source: query_length (host lengths, fixed
     selection) and prefix_limit (device confidence allocation, adaptive
     selection; it declares confidence_width = D, C12).
+  - copy twins (id suffix ``_copy``) of every wider query_length program
+    when the recipe declares both learned and copy proposals.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ignition.capacity.buckets import balanced_prompt_bucket
 from ignition.capacity.envelope import CapacityEnvelope, CapacityError
@@ -55,12 +59,22 @@ def speculative_shapes(env: CapacityEnvelope) -> tuple[GraphDescriptor, ...]:
             f"request bucket {list(env.request_buckets)}; use R >= {env.request_buckets[0] + 1} "
             "(one target row beyond the smallest bucket's pending tokens), or --drafts 0 for an ordinary catalog"
         )
-    return tuple(_width_one(env, b) for b in env.request_buckets) + wider
+    return tuple(_width_one(env, b) for b in env.request_buckets) + wider + _copy_variants(env, wider)
 
 
 def proposal_source(env: CapacityEnvelope) -> str:
     """The source a program draws in-graph: the draft model when the recipe has one."""
     return "learned" if "learned" in env.proposal_sources else "copy"
+
+
+def _copy_variants(env: CapacityEnvelope, wider: tuple[GraphDescriptor, ...]) -> tuple[GraphDescriptor, ...]:
+    """Host-supplied (prompt lookup) twins of the learned host-allocated programs, when the
+    recipe declares both sources; prefix_limit allocation needs the draft's confidence, so
+    it has no copy twin."""
+    if proposal_source(env) != "learned" or "copy" not in env.proposal_sources:
+        return ()
+    return tuple(dataclasses.replace(g, id=f"{g.id}_copy", proposal_source="copy")
+                 for g in wider if g.value_source is ValueSource.QUERY_LENGTH)
 
 
 def _width_one(env: CapacityEnvelope, b: int) -> GraphDescriptor:

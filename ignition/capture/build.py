@@ -165,7 +165,7 @@ def _export_one(
     exported = export_program(spec, root / relative, key_sets, root / compiled if compiled else None)
     orders = {w.name: w.keys for w in weights}
     for arg in exported.inputs:
-        if arg.weights is not None and exported.weight_orders[arg.name] != orders[arg.weights]:
+        if arg.weights is not None and exported.weight_orders[arg.name] != arg.weight_order(orders):
             raise CaptureError(f"program {descriptor.id}: input {arg.name!r} orders its weight keys differently "
                                f"from weight set {arg.weights!r}; programs must share one key order")
     return ProgramEntry(

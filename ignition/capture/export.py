@@ -73,13 +73,26 @@ def export_program(
 
 def _input_spec(name: str, arg: Any, mutated: set[str], weight_sets: Mapping[str, frozenset[str]]) -> ArgSpec:
     if isinstance(arg, Mapping):
-        matches = [set_name for set_name, keys in weight_sets.items() if keys == frozenset(arg)]
-        if not matches:
-            raise ValueError(f"dict input {name!r} matches no weight set's keys ({sorted(weight_sets)})")
-        return ArgSpec(name=name, weights=matches[0])
+        binding = weight_binding(frozenset(arg), weight_sets)
+        if binding is None:
+            raise ValueError(f"dict input {name!r} matches no weight set's keys, alone or followed by other "
+                             f"sets' keys prefixed '<set>.' ({sorted(weight_sets)})")
+        return ArgSpec(name=name, weights=binding[0], prefixed=binding[1])
     if not isinstance(arg, torch.Tensor):
         raise ValueError(f"input {name!r} is a {type(arg).__name__}; programs take tensors or weight dicts")
     return ArgSpec(name, tuple(arg.shape), dtype_name(arg.dtype), mutated=name in mutated)
+
+
+def weight_binding(keys: frozenset[str], weight_sets: Mapping[str, frozenset[str]]) -> tuple[str, tuple[str, ...]] | None:
+    """(primary set, prefixed sets) whose keys make up ``keys``: a program running the draft
+    takes the target's keys plus the draft's as ``draft.<key>`` (program contract v2)."""
+    for primary, primary_keys in weight_sets.items():
+        rest = keys - primary_keys
+        prefixed = tuple(s for s in weight_sets if s != primary and any(k.startswith(f"{s}.") for k in rest))
+        expected = primary_keys.union(*({f"{s}.{k}" for k in weight_sets[s]} for s in prefixed))
+        if expected == keys:
+            return primary, prefixed
+    return None
 
 
 def _leaf_owners(input_names: Sequence[str], args: Sequence[Any]) -> list[str]:

@@ -27,6 +27,7 @@ from ignition.capture.source import CaptureSource
 from ignition.capture.staging import check_target
 from ignition.models.checkpoint import load_checkpoint, load_config
 from ignition.models.programs import StateLayout, build_program
+from ignition.models.proposals import DRAFT_PREFIX
 from ignition.recipes import Recipe, load_recipe
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -90,9 +91,12 @@ def model_source(recipe: Recipe, plan: CapacityPlan, model: Path | None = None) 
     folder = recipe.checkpoint_folder(model)
     target = load_checkpoint(folder, _dtype(recipe))
     weights = {"target": target.weights}
+    draft = None
     if recipe.draft is not None and "learned" in plan.envelope.proposal_sources and plan.envelope.draft_depth:
-        weights["draft"] = load_checkpoint(recipe.draft.checkpoint, _dtype(recipe)).weights
+        draft = load_checkpoint(recipe.draft.checkpoint, _dtype(recipe))
+        weights["draft"] = draft.weights
     layout = state_layout(recipe, plan)
+    program_weights = {**target.weights, **{DRAFT_PREFIX + k: t for k, t in weights.get("draft", {}).items()}}
     return CaptureSource(
         recipe=plain(recipe),
         model=plain(target.config),
@@ -103,7 +107,8 @@ def model_source(recipe: Recipe, plan: CapacityPlan, model: Path | None = None) 
         layout=plain(layout),
         weights=weights,
         graphs=plan.graphs,
-        build=lambda desc: build_program(desc, target.config, layout, target.weights),
+        build=lambda desc: build_program(desc, target.config, layout, program_weights,
+                                         draft_config=draft.config if draft else None),
         rebuild=functools.partial(model_source, recipe, plan, model),
     )
 

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import torch
 
-PROGRAMS = ("prefill_p64", "prefill_p256", "decode_b1", "decode_b2", "decode_b4", "spec_b2_d1_w2_p4",
+# Learned programs of both value sources (query_length, prefix_limit), a width-one
+# speculative variant, and a copy (prompt lookup) program: the engine's speculation paths.
+PROGRAMS = ("prefill_p64", "prefill_p256", "decode_b1", "decode_b2", "decode_b4", "spec_b2_d0_w1_p2",
+            "spec_b2_d1_w2_p4", "spec_b4_d3_w4_p8_ragged_pl", "spec_b2_d1_w2_p4_copy",
             "mixed_b2_w1_p64", "mixed_b2_w2_p256_spec")
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("ignition/models", "ignition/capture", "ignition/capacity", "ignition/recipes", "helios/ops",
@@ -66,23 +69,26 @@ def _checkpoint():
     from ignition.models.checkpoint import load_checkpoint
     from ignition.recipes import load_recipe
 
-    return load_checkpoint(load_recipe("flare-tiny").resolve().checkpoint_folder())
+    recipe = load_recipe("flare-tiny").resolve()
+    return load_checkpoint(recipe.checkpoint_folder()), load_checkpoint(recipe.draft.checkpoint)
 
 
 def eager_programs(catalog):
     """``program_for`` over eager modules of the catalog's programs (same weights, same layout)."""
     from ignition.models.programs import StateLayout, build_program
 
-    checkpoint = _checkpoint()
+    target, draft = _checkpoint()
     layout_fields = catalog.state.layout
     layout = StateLayout(layout_fields["request_slots"], layout_fields["page_size"], layout_fields["num_pages"],
                          layout_fields["max_pages_per_slot"])
+    weights = {**target.weights, **{f"draft.{k}": t for k, t in draft.weights.items()}}
     built = {}
 
     def program_for(program_id: str):
         if program_id not in built:
-            spec = build_program(catalog.entry(program_id).descriptor, checkpoint.config, layout, checkpoint.weights)
-            built[program_id] = _named(spec, checkpoint.weights)
+            spec = build_program(catalog.entry(program_id).descriptor, target.config, layout, weights,
+                                 draft_config=draft.config)
+            built[program_id] = _named(spec, spec.example_args[0])
         return built[program_id]
 
     return program_for
