@@ -42,7 +42,7 @@ from helios.bench.client import Target
 from helios.bench.datasets import DatasetSpec, LengthRange
 from helios.bench.runner import BenchConfig, run_benchmark
 from helios.catalog import load
-from helios.scheduler import rounds
+from helios.engine import fixed_widths
 
 SPECULATIVE_COUNTERS = ("rounds", "draft_tokens", "accepted_tokens")
 READY_TIMEOUT_S = 900.0
@@ -75,8 +75,8 @@ class Figures:
 
 
 def configurations(catalog: Path, only: set[str] | None) -> list[Configuration]:
-    """off, fixed at each captured verification width, adaptive (``only`` keeps some by name)."""
-    widths = sorted({g.width for g in load(catalog, verify_hashes=False).descriptors if rounds.draws_proposals(g)})
+    """off, fixed at each verification width fixed can run, adaptive (``only`` keeps some by name)."""
+    widths = fixed_widths(load(catalog, verify_hashes=False).descriptors)
     grid = [Configuration("off"), *(Configuration("fixed", w) for w in widths), Configuration("adaptive")]
     if only is None:
         return grid

@@ -112,8 +112,9 @@ def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
     programs) keeps the ordinary programs, which never touch the draft model.
     Otherwise, in a catalog with draft state (learned proposals), the ordinary
     decode and mixed variants give way to their draft-keeping twins (a frame
-    that skipped draft absorption would leave the draft cache behind). ``adaptive`` keeps every width up to ``width``;
-    ``fixed`` keeps one verification width (``width``, default the widest),
+    that skipped draft absorption would leave the draft cache behind).
+    ``adaptive`` keeps every width up to ``width``. ``fixed`` keeps one
+    verification width (``width``, default the widest of ``fixed_widths``),
     host-allocated ragged programs included, and drops device-allocated
     (prefix-limit) rounds, which need adaptive selection.
     """
@@ -127,8 +128,24 @@ def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
     kept = tuple(g for g in graphs if not (keeps_draft_state and _ordinary_generation(g)))
     if speculation == "adaptive":
         return tuple(g for g in kept if width is None or g.width <= width)
-    fixed = width or widths[-1]
+    fixed = _fixed_width(graphs, width)
     return tuple(g for g in kept if _fixed_keeps(g, fixed))
+
+
+def fixed_widths(graphs: Sequence[GraphDescriptor]) -> list[int]:
+    """Verification widths ``fixed`` can run: those of host-allocated speculative programs, ascending."""
+    return sorted({g.width for g in graphs if rounds.draws_proposals(g) and not rounds.is_prefix_limit(g)})
+
+
+def _fixed_width(graphs: Sequence[GraphDescriptor], width: int | None) -> int:
+    usable = fixed_widths(graphs)
+    if width is None and usable:
+        return usable[-1]
+    if width in usable:
+        return width
+    listed = ", ".join(map(str, usable)) or "none"
+    raise ValueError(f"fixed speculation needs host-allocated programs{'' if width is None else f' of width {width}'}; "
+                     f"the catalog's are at widths {listed} (device-allocated prefix-limit rounds need adaptive)")
 
 
 def _ordinary_generation(graph: GraphDescriptor) -> bool:

@@ -88,11 +88,12 @@ class RunOptions:
                             speculative_width=self.speculative_width)
 
     def check_selection(self, catalog: Catalog) -> None:
-        """``--speculative-width`` must name programs the catalog has (spec C6, Y3)."""
+        """``--speculation``/``--speculative-width`` must name programs the catalog has (spec C6, Y3)."""
         try:
             select_programs(catalog.descriptors, self.speculation, self.speculative_width)
         except ValueError as exc:
-            raise LaunchError(f"--speculative-width {self.speculative_width}: {exc}") from None
+            width = "" if self.speculative_width is None else f" --speculative-width {self.speculative_width}"
+            raise LaunchError(f"--speculation {self.speculation}{width}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------

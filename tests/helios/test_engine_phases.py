@@ -119,7 +119,7 @@ def test_greedy_output_through_the_engine_equals_prefill_then_decode_of_the_load
     assert reason is (FinishReason.LENGTH if cut == 16 else FinishReason.STOP)
 
 
-def test_S1_speculative_rounds_with_copy_drafts_commit_what_plain_decoding_would(catalog, eager):
+def test_S1_speculative_rounds_commit_what_plain_decoding_would(catalog, eager):
     texts = ["abcabcabcabc abc", "one two one two one", "zzzzzzzz"]
 
     async def body(engine):
@@ -130,7 +130,7 @@ def test_S1_speculative_rounds_with_copy_drafts_commit_what_plain_decoding_would
     speculative = serve(speculative_engine, body)
     assert [r[1] for r in speculative] == [r[1] for r in plain]
     stats = speculative_engine.stats()
-    assert stats.speculative.lane_rounds > 0 and stats.speculative.draft_tokens > 0
+    assert sum(t.rounds for t in stats.speculative) > 0 and sum(t.draft_tokens for t in stats.speculative) > 0
     assert any(e.graph_kind == "speculative" for e in stats.executions)
 
 
@@ -383,7 +383,7 @@ def test_warm_up_calls_every_program_with_inactive_rows_and_mutates_nothing(cata
     for tensor in engine.executor.state.values():
         tensor.fill_(3)
     engine.warm_up()
-    assert sorted(called) == sorted(g.id for g in catalog.descriptors)
+    assert sorted(called) == sorted(g.id for g in engine.scheduler.graphs)  # the selected programs (Y3)
     assert all(bool((t == 3).all()) for t in engine.executor.state.values())
 
 

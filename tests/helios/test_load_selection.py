@@ -80,3 +80,11 @@ def test_C6_a_width_only_removes_wider_programs_speculative_and_mixed_alike():
 def test_C6_a_width_no_program_has_is_refused_naming_the_widths_there_are(mode, width):
     with pytest.raises(ValueError, match=rf"no speculative program of width {width}.*widths are 1, 2, 4"):
         select_programs(CATALOG, mode, width)
+
+
+def test_C6_fixed_refuses_a_width_only_device_allocated_programs_have():
+    only_pl_at_4 = tuple(g for g in CATALOG if g.id not in ("spec_b1_w4", "spec_b4_w4_ql", "spec_b4_w4_copy", "mixed_b2_w4"))
+    with pytest.raises(ValueError, match="fixed speculation needs host-allocated programs of width 4; .* widths 2"):
+        select_programs(only_pl_at_4, "fixed", 4)
+    assert ids(select_programs(only_pl_at_4, "fixed")) == {"prefill_p64", "spec_b4_w2"}  # the widest fixed can run
+    assert "spec_b4_w4_pl" in ids(select_programs(only_pl_at_4, "adaptive", 4))

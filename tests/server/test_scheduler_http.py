@@ -321,11 +321,29 @@ def test_V5_decode_streams(server, count):
     for i, stream in enumerate(streams):
         stream.check(tokens_in(f"Stream {i} says:"), DECODE)
     deltas = report(server, f"{count} decode streams", streams, before)
-    generating = ("decode/", "speculative/") if server.mode != "off" else ("decode/",)
+    # off: ordinary decode only; fixed and adaptive: draft-keeping programs only (Y3)
+    generating = ("speculative/",) if server.mode != "off" else ("decode/",)
     assert sum(n for key, n in deltas.items() if key.startswith(generating)) >= 1
+    other = "speculative/" if server.mode == "off" else "decode/"
+    assert not any(key.startswith(other) for key in deltas), deltas
+    rounds = speculative_deltas(before, metrics(server))
+    print(f"  speculative rounds/drafts/accepted by source: {rounds}")
+    if server.mode == "fixed":  # one verification width, the widest: every round offers drafts
+        assert sum(r["rounds"] for r in rounds.values()) >= 1, rounds
     if server.mode == "off":
-        assert not any(key.startswith("speculative/") for key in deltas), deltas
+        assert not rounds, rounds
     settle(server)
+
+
+def speculative_deltas(before: str, after: str) -> dict[str, dict[str, int]]:
+    """source -> changes of flare_speculative_{rounds,draft_tokens,accepted_tokens}_total (sources that moved)."""
+    out: dict[str, dict[str, int]] = {}
+    for short in ("rounds", "draft_tokens", "accepted_tokens"):
+        name = f"flare_speculative_{short}_total"
+        old, new = samples(before, name), samples(after, name)
+        for labels, value in new.items():
+            out.setdefault(dict(labels).get("source", "?"), {})[short] = int(value - old.get(labels, 0))
+    return {source: moved for source, moved in out.items() if any(moved.values())}
 
 
 def test_V5_long_prompt_arriving_during_decode(server):
