@@ -351,8 +351,7 @@ class HeliosEngine:
             if "prefill_row" in inputs:
                 inputs["prefill_row"].fill_(-1)
             program = self.executor.program_for(graph.id)
-            program(**{name: t.to(self.executor.device) for name, t in inputs.items()},
-                    **self.executor.state_for(program))
+            program(**{name: t.to(self.executor.device) for name, t in inputs.items()}, **self.executor.state)
 
     def begin_drain(self, grace_s: float) -> None:
         log.info("draining: no new requests; running ones have %.1f s to finish", grace_s)

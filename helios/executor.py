@@ -241,7 +241,9 @@ class Executor:
     """Runs bound frames on the persistent state; returns records and timing.
 
     ``program_for`` maps a graph id to a callable taking inputs by name and
-    returning outputs by name (``Catalog.program`` in production).
+    returning outputs by name (``Catalog.program`` in production). Every call
+    gets the whole persistent state; a program takes what it declares, so
+    programs that never run the draft model leave the draft caches alone.
     """
 
     def __init__(self, state: Mapping[str, torch.Tensor], program_for: Callable[[str], Program],
@@ -255,20 +257,12 @@ class Executor:
         """Execute ``frame``; wall time counts from ``dispatched_ns`` (``time.monotonic_ns``)."""
         program = self.program_for(frame.plan.graph.id)
         inputs = {name: t.to(self.device, non_blocking=True) for name, t in frame.inputs.items()}
-        outputs, device_ns = self._timed_call(program, {**inputs, **self.state_for(program)})
+        outputs, device_ns = self._timed_call(program, {**inputs, **self.state})
         slots = frame.inputs["page_table"].shape[0]
         read = read_outputs(frame.plan.graph, frame.rows, outputs, slots)
         records = tuple(self._record(r, read) for r in frame.rows)
         wall_ns = max(0, time.monotonic_ns() - dispatched_ns)
         return FrameResult(records, ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns))
-
-    def state_for(self, program: Program) -> Mapping[str, torch.Tensor]:
-        """The persistent tensors this program takes: ordinary programs never see the draft cache."""
-        entry = getattr(program, "entry", None)
-        if entry is None:
-            return self.state
-        takes = {a.name for a in entry.inputs}
-        return {name: t for name, t in self.state.items() if name in takes}
 
     def _timed_call(self, program: Program, named: dict) -> tuple[Mapping[str, torch.Tensor], int]:
         """The program's own device interval: CUDA events on a GPU, the call's host interval on CPU."""
