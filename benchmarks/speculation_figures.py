@@ -196,7 +196,7 @@ def main() -> None:
     if args.num_prompts < 1:
         parser.error(f"--num-prompts {args.num_prompts}: expected at least 1")
     only = None if args.configs is None else {c.strip() for c in args.configs.split(",")}
-    console = Console()
+    console = Console(width=max(Console().width, 150))  # the table stays readable when piped
     figures: list[Figures] = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="speculation-figures-") as logs:
