@@ -106,13 +106,14 @@ class Frames:
     def __post_init__(self) -> None:
         self.state = self.state or LAYOUT.new_state(self.model.target, self.model.draft)
 
-    def call(self, desc: GraphDescriptor, rows: list[dict], **extra) -> dict:
+    def call(self, desc: GraphDescriptor, rows: list[dict], module=None, **extra) -> dict:
+        """Run ``desc``'s program (or ``module``, e.g. its exported twin) on the state."""
         spec = self.model.spec(desc)
         named = {**self.state, "page_table": page_table(), **_columns(desc.batch_capacity, rows), **extra}
         args = [spec.example_args[0]]
         for tensor_spec in spec.inputs:
             args.append(named[tensor_spec.name] if tensor_spec.name in named else _default(tensor_spec))
-        return dict(zip(spec.output_names, spec.module(*args), strict=True))
+        return dict(zip(spec.output_names, (module or spec.module)(*args), strict=True))
 
     def prefill(self, slot: int, prompt: list[int], params: dict) -> int:
         tokens = torch.zeros(16, dtype=torch.int64)
