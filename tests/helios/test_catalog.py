@@ -206,3 +206,33 @@ def test_a_fresh_process_loads_and_runs_without_importing_ignition(catalog_dir):
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("ok")
+
+
+def test_version_1_catalog_is_refused_with_one_line_saying_to_recapture(catalog_dir):
+    """Program contract version 2 (draft state, combined weights) cannot run version-1 programs."""
+    edit_manifest(catalog_dir, format_version=1)
+    with pytest.raises(CatalogError, match=r"format version 1 but this Flare reads version 2.*recapture") as error:
+        load(catalog_dir)
+    assert "\n" not in str(error.value)
+
+
+def test_a_program_running_the_draft_gets_target_then_prefixed_draft_weights(tmp_path):
+    """A weights input recorded as target + prefixed draft is rebuilt from the two stored sets, in order."""
+    from ignition.capture.stand_in import build_stand_in
+
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text('{"model": "stand-in"}')
+    target, draft = stand_in_weights(0), stand_in_weights(1)
+    combined = {**target, **{f"draft.{k}": t for k, t in draft.items()}}
+    source = dataclasses.replace(
+        stand_in_source(tokenizer), weights={"target": target, "draft": draft},
+        build=lambda desc: build_stand_in(desc, combined if desc.kind is GraphKind.DECODE else target),
+    )
+    catalog = load(write_catalog(source, tmp_path / "catalog").path)
+    decode, prefill = catalog.entry("decode_b1").inputs[0], catalog.entry("prefill_p8").inputs[0]
+    assert (decode.weights, decode.prefixed) == ("target", ("draft",))
+    assert (prefill.weights, prefill.prefixed) == ("target", ())
+    program = catalog.program("decode_b1")
+    bound = program.bind({**stand_in_state(), **stand_in_inputs(program.entry.descriptor)})[0]
+    assert list(bound) == ["embed", "proj", "draft.embed", "draft.proj"]
+    assert torch.equal(bound["draft.proj"], draft["proj"]) and torch.equal(bound["proj"], target["proj"])

@@ -193,7 +193,8 @@ torch.save(results, results_file)
 
 
 def _model_graphs(scale: str):
-    """ci: one program per kind (mixed included); otherwise the default catalog plus two mixed programs."""
+    """ci: one program per kind (mixed included), the learned prefix_limit program, a copy program and a
+    learned wider mixed program; otherwise the default catalog plus two mixed programs."""
     from ignition.capacity import CapacityOptions, plan_capacity
     from ignition.recipes import load_recipe
 
@@ -205,7 +206,8 @@ def _model_graphs(scale: str):
         for g in (*default, *mixed):
             firsts.setdefault(g.kind, g)
         wide = [g for g in default if g.kind.value == "speculative" and g.width > 1]
-        return recipe, (*firsts.values(), wide[-1], mixed[-1])
+        learned_pl = [g for g in wide if g.value_source and g.value_source.value == "prefix_limit"]
+        return recipe, (*firsts.values(), *learned_pl, wide[-1], mixed[-1])
     return recipe, (*default, mixed[0], mixed[-1])
 
 
