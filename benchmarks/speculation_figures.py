@@ -44,6 +44,9 @@ from helios.bench.runner import BenchConfig, run_benchmark
 from helios.catalog import load
 from helios.engine import fixed_widths
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helios"))
+from server_process import wait_ready  # noqa: E402  (the tests' wait for /health, shared)
+
 SPECULATIVE_COUNTERS = ("rounds", "draft_tokens", "accepted_tokens")
 READY_TIMEOUT_S = 900.0
 
@@ -89,20 +92,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(base: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"flare run exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"flare run not ready after {READY_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
-
-
 def speculative_counters(base: str) -> dict[str, dict[str, float]]:
     """source -> {rounds, draft_tokens, accepted_tokens} from one /metrics scrape."""
     text = httpx.get(f"{base}/metrics", timeout=10.0).text
@@ -137,7 +126,7 @@ def measure(catalog: Path, config: Configuration, args: argparse.Namespace, logs
     with open(log, "w") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(base, process, log)
+        wait_ready(base, process, log, name="flare run", timeout_s=READY_TIMEOUT_S)
         _bench(base, args, max(args.streams), seed=10_000)  # warm-up: discovery runs here, untimed
         return [_measure_streams(base, config, args, streams) for streams in args.streams]
     finally:

@@ -20,7 +20,6 @@ skipped, saying so.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from helios.engine import EngineConfig, HeliosEngine
 from helios.engine_api import GenerationRequest, SamplingParams
 from helios.scheduler import rounds
 from helios.scheduler.types import GraphDescriptor, ValueSource
+from eager_target import next_token_logits
 from tiny_catalog import cache_folder, eager_programs, tiny_catalog_path
 
 CI = os.environ.get("FLARE_TEST_SCALE") == "ci"
@@ -154,10 +154,10 @@ def family_present(catalog, family: str) -> bool:
     return any(rounds.draws_proposals(g) and FAMILIES[family](g) for g in catalog.descriptors)
 
 
-def generate(engine: HeliosEngine, ids: list[tuple[int, ...]], sampling: SamplingParams) -> list[list[int]]:
+def generate(engine: HeliosEngine, ids: list[tuple[int, ...]], sampling: Callable[[int], SamplingParams]):
     """Every prompt at once (the scheduler batches them as it likes); token ids per prompt."""
     async def one(i: int, prompt: tuple[int, ...]) -> list[int]:
-        request = GenerationRequest(f"r{i}", prompt, TOKENS, sampling)
+        request = GenerationRequest(f"r{i}", prompt, TOKENS, sampling(i))
         return [t async for d in engine.submit(request) for t in d.token_ids]
 
     async def main():
@@ -174,30 +174,9 @@ def generate(engine: HeliosEngine, ids: list[tuple[int, ...]], sampling: Samplin
 # ---------------------------------------------------------------------------
 
 
-@functools.cache
-def _target():
-    from ignition.models.checkpoint import load_checkpoint
-    from ignition.models.qwen3 import Qwen3
-    from ignition.recipes import load_recipe
-
-    checkpoint = load_checkpoint(load_recipe("flare-tiny").resolve().checkpoint_folder())
-    return checkpoint, Qwen3(checkpoint.config)
-
-
 def top_two(tokens: list[int]) -> tuple[int, float]:
-    """The target's argmax after ``tokens`` and its lead over the runner-up logit (eager model, one sequence)."""
-    from ignition.models.qwen3 import PagedBatch
-
-    checkpoint, model = _target()
-    c = checkpoint.config
-    page, pages = 16, len(tokens) // 16 + 1
-    cache = [torch.zeros(c.num_layers, pages, page, c.num_kv_heads, c.head_dim) for _ in range(2)]
-    n = torch.tensor([len(tokens)], dtype=torch.int32)
-    batch = PagedBatch(torch.arange(pages, dtype=torch.int32)[None], n * 0, n, n * 0)
-    with torch.no_grad():
-        hidden = model(checkpoint.weights, torch.tensor(tokens), torch.arange(len(tokens)), batch, *cache)
-        logits = model.logits(checkpoint.weights, hidden[-1])[: c.sampled_vocab_size]
-    top = torch.topk(logits, 2)
+    """The target's argmax after ``tokens`` and its lead over the runner-up logit (eager model)."""
+    top = torch.topk(next_token_logits(tokens), 2)
     return int(top.indices[0]), float(top.values[0] - top.values[1])
 
 
@@ -221,8 +200,12 @@ def assert_equal_or_near_ties(name: str, prompts_: list, reference: list[list[in
 # Tests
 # ---------------------------------------------------------------------------
 
-GREEDY = SamplingParams(temperature=0.0)
-SEEDED = [SamplingParams(temperature=0.8, seed=1000 + i) for i in range(PROMPTS)]
+def greedy(i: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0)
+
+
+def seeded(i: int) -> SamplingParams:
+    return SamplingParams(temperature=0.8, seed=1000 + i)
 
 
 @pytest.fixture(scope="module")
@@ -230,25 +213,11 @@ def reference(catalog, eager):
     """Speculation off: the outputs every configuration must reproduce (greedy and seeded)."""
     engine, recorder = make(catalog, eager, "off")
     ids = prompts(engine, PROMPTS)
-    greedy = generate(engine, ids, GREEDY)
+    greedy_out = generate(engine, ids, greedy)
     engine, _ = make(catalog, eager, "off")
-    seeded = _generate_seeded(engine, ids)
+    seeded_out = generate(engine, ids, seeded)
     assert not any(rounds.draws_proposals(catalog.entry(p).descriptor) for p in recorder.called)
-    return ids, greedy, seeded
-
-
-def _generate_seeded(engine: HeliosEngine, ids) -> list[list[int]]:
-    async def one(i: int, prompt) -> list[int]:
-        request = GenerationRequest(f"s{i}", prompt, TOKENS, SEEDED[i])
-        return [t async for d in engine.submit(request) for t in d.token_ids]
-
-    async def main():
-        await engine.start()
-        try:
-            return await asyncio.wait_for(asyncio.gather(*(one(i, p) for i, p in enumerate(ids))), 300)
-        finally:
-            await engine.stop()
-    return asyncio.run(main())
+    return ids, greedy_out, seeded_out
 
 
 CONFIGURATIONS = [
@@ -266,10 +235,10 @@ CONFIGURATIONS = [
 def test_Y3_S1_S2_S4_greedy_output_equals_speculation_off_up_to_near_ties(catalog, eager, reference, mode, family):
     if family is not None and not family_present(catalog, family):
         pytest.skip(f"the tiny slice has no {family} speculative program")
-    ids, greedy, _ = reference
+    ids, reference_out, _ = reference
     engine, recorder = make(catalog, eager, mode, family)
-    got = generate(engine, ids, GREEDY)
-    assert_equal_or_near_ties(f"{mode}/{family or 'all'}", ids, greedy, got)
+    got = generate(engine, ids, greedy)
+    assert_equal_or_near_ties(f"{mode}/{family or 'all'}", ids, reference_out, got)
     ran = {p for p in recorder.called if rounds.draws_proposals(catalog.entry(p).descriptor)}
     assert ran, f"{mode}/{family}: no speculative round ran"
     if family is not None:
@@ -277,14 +246,16 @@ def test_Y3_S1_S2_S4_greedy_output_equals_speculation_off_up_to_near_ties(catalo
     assert not recorder.short, recorder.short[:3]
     print(f"{mode}/{family or 'all'}: programs {sorted(set(recorder.called))}, "
           f"{engine.frame_counters().queued_commits} frames queued behind a running one")
+    if mode == "fixed":  # fixed width never probes acceptance (D8)
+        assert not any(e.category == "acceptance_learning" for e in engine.stats().executions)
     totals = {t.source: t for t in engine.stats().speculative}
     assert sum(t.rounds for t in totals.values()) > 0 and all(t.accepted_tokens <= t.draft_tokens for t in totals.values())
 
 
 def test_the_near_tie_reference_is_the_model_speculation_off_runs(reference):
     """The divergence check is only as good as its reference: it must predict what the programs produced."""
-    ids, greedy, _ = reference
-    for prompt, output in list(zip(ids, greedy))[:3]:
+    ids, reference_out, _ = reference
+    for prompt, output in list(zip(ids, reference_out))[:3]:
         for cut in (0, len(output) // 2):
             token, gap = top_two([*prompt, *output[:cut]])
             assert token == output[cut] and gap >= 0.0
@@ -296,7 +267,7 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation_off_fixed_and_ad
                                                                                        mode, family):
     if family is not None and not family_present(catalog, family):
         pytest.skip(f"the tiny slice has no {family} speculative program")
-    ids, _, seeded = reference
+    ids, _, reference_out = reference
     engine, recorder = make(catalog, eager, mode, family)
-    assert _generate_seeded(engine, ids) == seeded
+    assert generate(engine, ids, seeded) == reference_out
     assert any(rounds.draws_proposals(catalog.entry(p).descriptor) for p in recorder.called)

@@ -34,9 +34,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
+from eager_target import next_token_logits  # noqa: E402
 from server_process import wait_ready  # noqa: E402
 from tiny_catalog import source_digest  # noqa: E402
 
@@ -413,21 +413,9 @@ def test_V5_cancellation_then_slot_reuse(server):
 
 def eager_greedy(prompt: list[int], count: int) -> list[int]:
     """Greedy continuation by the bundled target model run eagerly (the test's reference, not the runtime's)."""
-    from ignition.models.checkpoint import load_checkpoint
-    from ignition.models.qwen3 import PagedBatch, Qwen3
-    from ignition.recipes import load_recipe
-
-    checkpoint = load_checkpoint(load_recipe(MODEL).resolve().checkpoint_folder())
-    c, model, tokens = checkpoint.config, Qwen3(checkpoint.config), list(prompt)
-    page, pages = 16, (len(prompt) + count) // 16 + 1
+    tokens = list(prompt)
     for _ in range(count):
-        cache = [torch.zeros(c.num_layers, pages, page, c.num_kv_heads, c.head_dim) for _ in range(2)]
-        n = torch.tensor([len(tokens)], dtype=torch.int32)
-        batch = PagedBatch(torch.arange(pages, dtype=torch.int32)[None], n * 0, n, n * 0)
-        with torch.no_grad():
-            hidden = model(checkpoint.weights, torch.tensor(tokens), torch.arange(len(tokens)), batch, *cache)
-            logits = model.logits(checkpoint.weights, hidden[-1])[: c.sampled_vocab_size]
-        tokens.append(int(logits.argmax()))
+        tokens.append(int(next_token_logits(tokens).argmax()))
         if tokens[-1] in EOS:  # the server stops there too
             break
     return tokens[len(prompt):]
