@@ -14,7 +14,7 @@ speculative      (only when the envelope has drafts) per request bucket B:
     and R leaves room beyond the pending tokens (R > B): W = D_max + 1,
     P = R, once per value source: query_length (host lengths, fixed
     selection) and prefix_limit (device confidence allocation, adaptive
-    selection; it declares confidence_width = D, C12).
+    selection; it declares confidence_width = D, C12; learned proposals only).
   - copy twins (id suffix ``_copy``) of every wider query_length program
     when the recipe declares both learned and copy proposals.
 """
@@ -71,7 +71,7 @@ def _copy_variants(env: CapacityEnvelope, wider: tuple[GraphDescriptor, ...]) ->
     """Host-supplied (prompt lookup) twins of the learned host-allocated programs, when the
     recipe declares both sources; prefix_limit allocation needs the draft's confidence, so
     it has no copy twin."""
-    if proposal_source(env) != "learned" or "copy" not in env.proposal_sources:
+    if not _learned(env) or "copy" not in env.proposal_sources:
         return ()
     return tuple(dataclasses.replace(g, id=f"{g.id}_copy", proposal_source="copy")
                  for g in wider if g.value_source is ValueSource.QUERY_LENGTH)
@@ -101,6 +101,8 @@ def _ragged(env: CapacityEnvelope, b: int) -> tuple[GraphDescriptor, ...]:
     if b < 2 or b * w <= p or p <= b:
         return ()
     d = env.draft_depth
+    # Device allocation ranks the draft's own confidence: copy-only catalogs have none.
+    sources = ((ValueSource.QUERY_LENGTH, "ql"), (ValueSource.PREFIX_LIMIT, "pl"))[: 2 if _learned(env) else 1]
     return tuple(
         GraphDescriptor(
             id=f"spec_b{b}_d{d}_w{w}_p{p}_ragged_{tag}", kind=GraphKind.SPECULATIVE, batch_capacity=b,
@@ -108,5 +110,9 @@ def _ragged(env: CapacityEnvelope, b: int) -> tuple[GraphDescriptor, ...]:
             proposal_source=proposal_source(env), speculation_enabled=True,
             confidence_width=d if source is ValueSource.PREFIX_LIMIT else 0,
         )
-        for source, tag in ((ValueSource.QUERY_LENGTH, "ql"), (ValueSource.PREFIX_LIMIT, "pl"))
+        for source, tag in sources
     )
+
+
+def _learned(env: CapacityEnvelope) -> bool:
+    return proposal_source(env) == "learned"

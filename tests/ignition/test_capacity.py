@@ -178,6 +178,28 @@ def test_C4_C5_rectangular_and_ragged_programs_for_flare_tiny_defaults():
         assert g.confidence_width == (g.proposal_depth if g.value_source is ValueSource.PREFIX_LIMIT else 0)
 
 
+@pytest.mark.parametrize("sources", [("learned",), ("copy",), ("learned", "copy"), ("copy", "learned")])
+def test_copy_twins_exist_exactly_when_the_recipe_declares_both_sources(sources):
+    """Program contract v2 item 9: copy twins of the learned query_length programs; prefix_limit and
+    wider mixed programs stay learned whenever a draft exists."""
+    graphs = plan_graphs(envelope(proposal_sources=sources))
+    spec = of_kind(graphs, GraphKind.SPECULATIVE)
+    learned = [g for g in spec if g.proposal_source == "learned"]
+    twins = [g for g in spec if g.id.endswith("_copy")]
+    if set(sources) == {"learned", "copy"}:
+        wider_ql = [g for g in learned if g.width > 1 and g.value_source is ValueSource.QUERY_LENGTH]
+        assert sorted(g.id for g in twins) == sorted(f"{g.id}_copy" for g in wider_ql)
+        assert all(dataclasses.replace(t, id=t.id.removesuffix("_copy"), proposal_source="learned") in wider_ql
+                   for t in twins)
+    else:
+        assert not twins
+        assert {g.proposal_source for g in spec} == {sources[0]}
+    prefix_limit = [g for g in spec if g.value_source is ValueSource.PREFIX_LIMIT]
+    assert {g.proposal_source for g in prefix_limit} == ({"learned"} if "learned" in sources else set())
+    wider_mixed = [g for g in of_kind(graphs, GraphKind.MIXED) if g.width > 1]
+    assert wider_mixed and {g.proposal_source for g in wider_mixed} == {"learned" if "learned" in sources else "copy"}
+
+
 def test_C5_too_small_R_is_an_error_naming_a_fix():
     with pytest.raises(CapacityError, match=r"admits no width above one.*R >= 2"):
         plan_graphs(envelope(speculative_token_capacity=1))
