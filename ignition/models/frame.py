@@ -4,13 +4,18 @@ Every program kind is this function at fixed sizes (``FrameShape``). Rows are
 the dense active lane list; row ``b`` owns ``query_lens[b]`` packed tokens at
 the prefix sum of the earlier lengths (spec C14). At most one row is the
 prompt row (``prefill_row``); the others are decode rows whose first token is
-the slot's ``pending`` token and whose further tokens are host drafts.
+the slot's ``pending`` token and whose further tokens are drafts: the host's
+(copy proposals) or the draft model's, drawn first in the same frame
+(learned proposals, ``ignition.models.proposals``; prefix_limit frames also
+allocate their packed rows from the draft's confidence).
 
 Decode and verification rows sample a target token after each of their
 positions, accept the leading drafts that equal those targets, and commit the
 accepted drafts plus one target token (bonus or replacement). The prompt row
 commits its whole chunk and, when the chunk ends the prompt, samples the first
-output token. Inactive rows (length 0) and unused capacity write nothing.
+output token. Draft-keeping frames then run the draft model over the
+committed input tokens, so its cache covers every committed position.
+Inactive rows (length 0) and unused capacity write nothing.
 """
 
 from __future__ import annotations

@@ -190,6 +190,9 @@ def build_program(desc: GraphDescriptor, model_config: Qwen3Config, layout: Stat
     """
     shape = frame_shape(desc, draft_config is not None)
     draft = draft_config if shape.uses_draft else None
+    if draft is not None and draft.vocab_size < model_config.sampled_vocab_size:
+        raise ValueError(f"draft vocabulary {draft.vocab_size} is smaller than the target's sampled vocabulary "
+                         f"{model_config.sampled_vocab_size}; the draft must share the target's tokenizer")
     keys = program_weight_keys(model_config, draft)
     inputs = _input_specs(desc.kind, shape, model_config, draft, layout)
     outputs = _output_specs(shape, layout.request_slots)
