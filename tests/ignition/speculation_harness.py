@@ -109,7 +109,7 @@ class Frames:
     def call(self, desc: GraphDescriptor, rows: list[dict], module=None, **extra) -> dict:
         """Run ``desc``'s program (or ``module``, e.g. its exported twin) on the state."""
         spec = self.model.spec(desc)
-        named = {**self.state, "page_table": page_table(), **_columns(desc.batch_capacity, rows), **extra}
+        named = {**self.state, "page_table": page_table(), **row_columns(desc.batch_capacity, rows), **extra}
         args = [spec.example_args[0]]
         for tensor_spec in spec.inputs:
             args.append(named[tensor_spec.name] if tensor_spec.name in named else _default(tensor_spec))
@@ -123,7 +123,7 @@ class Frames:
         return int(out["tokens"][0, 0])
 
 
-def _columns(batch: int, rows: list[dict]) -> dict[str, torch.Tensor]:
+def row_columns(batch: int, rows: list[dict]) -> dict[str, torch.Tensor]:
     rows = list(rows) + [dict(slot=0, length=0)] * (batch - len(rows))
     column = lambda key, default, dtype: torch.tensor([r.get(key, default) for r in rows], dtype=dtype)
     return {

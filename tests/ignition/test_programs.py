@@ -20,6 +20,7 @@ from helios.scheduler.types import GraphDescriptor, GraphKind
 from ignition.models.programs import ProgramSpec, StateLayout, build_program
 from ignition.models.qwen3 import PagedBatch, Qwen3, Qwen3Config
 from ignition.models.sampling import sample
+from speculation_harness import row_columns
 
 CONFIG = Qwen3Config(
     vocab_size=72, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -95,18 +96,7 @@ class Harness:
 
     def _frame(self, spec: ProgramSpec, rows: list[dict], extra: dict) -> dict:
         shapes = {s.name: s for s in spec.inputs}
-        batch = shapes["row_slots"].shape[0]
-        rows = rows + [dict(slot=0, length=0)] * (batch - len(rows))
-        column = lambda key, default, dtype: torch.tensor([r.get(key, default) for r in rows], dtype=dtype)
-        frame = {
-            "page_table": self.page_table,
-            "row_slots": column("slot", 0, torch.int32),
-            "query_lens": column("length", 0, torch.int32),
-            "temperature": column("temperature", 0.0, torch.float32),
-            "top_k": column("top_k", 0, torch.int32),
-            "top_p": column("top_p", 1.0, torch.float32),
-            "seed": column("seed", 0, torch.int64),
-        }
+        frame = {"page_table": self.page_table, **row_columns(shapes["row_slots"].shape[0], rows)}
         for name, spec_ in shapes.items():
             if name not in frame and name not in self.state:
                 frame[name] = torch.as_tensor(extra[name], dtype=spec_.dtype) if name in extra else (
