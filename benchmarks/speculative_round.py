@@ -1,6 +1,6 @@
 """Per-frame cost of one learned speculative round against plain decode (eager, bundled flare-tiny).
 
-    nice -n 10 .venv/bin/python benchmarks/speculative_round.py [--threads 2] [--repeats 30] [--context 256]
+    nice -n 10 .venv/bin/python benchmarks/speculative_round.py [--threads 1] [--repeats 30] [--context 256]
 
 Every row sits at ``--context`` committed tokens and samples at temperature 0.8.
 Prints the median milliseconds per call of decode, the width-one speculative
@@ -43,7 +43,7 @@ SHAPES = {
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)  # 2 oversubscribe a loaded 2-core machine badly
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--context", type=int, default=256)
     args = parser.parse_args()
