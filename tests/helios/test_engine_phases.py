@@ -16,7 +16,6 @@ import time
 import pytest
 import torch
 
-from helios.catalog import load
 from helios.engine import EngineConfig, HeliosEngine, prompt_lookup
 from helios.engine_api import (
     EngineUnavailable,
@@ -26,20 +25,9 @@ from helios.engine_api import (
     RequestRejected,
     SamplingParams,
 )
-from tiny_catalog import cache_folder, eager_programs, tiny_catalog_path
 
 CI = os.environ.get("FLARE_TEST_SCALE") == "ci"
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="session")
-def catalog(request, tmp_path_factory):
-    return load(tiny_catalog_path(cache_folder(request.config, tmp_path_factory)))
-
-
-@pytest.fixture(scope="session")
-def eager(catalog):
-    return eager_programs(catalog)
 
 
 def make_engine(catalog, eager, speculation="off", program_for=None) -> HeliosEngine:

@@ -27,29 +27,17 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from helios.catalog import load
 from helios.engine import EngineConfig, HeliosEngine
 from helios.engine_api import GenerationRequest, SamplingParams
 from helios.scheduler import rounds
 from helios.scheduler.types import GraphDescriptor, ValueSource
 from eager_target import next_token_logits
-from tiny_catalog import cache_folder, eager_programs, tiny_catalog_path
 
 CI = os.environ.get("FLARE_TEST_SCALE") == "ci"
 PROMPTS = 12 if CI else 24
 TOKENS = 12 if CI else 16
 NEAR_TIE = 1e-3  # largest top-two logit gap (fp32, logits of order 10) a row-count rounding change may flip
 WORDS = ("river", "copper", "lantern", "orbit", "meadow", "signal", "harbor", "ember", "the", "and", "of")
-
-
-@pytest.fixture(scope="module")
-def catalog(request, tmp_path_factory):
-    return load(tiny_catalog_path(cache_folder(request.config, tmp_path_factory)))
-
-
-@pytest.fixture(scope="module")
-def eager(catalog):
-    return eager_programs(catalog)
 
 
 def prompts(engine: HeliosEngine, count: int) -> list[tuple[int, ...]]:
