@@ -5,13 +5,13 @@
 (padding rows are inactive, ``query_lens = 0``), the prompt row's chunk goes
 into ``prompt_tokens`` from index 0 (the program places it at the row's packed
 offset, the prefix sum of the earlier rows' lengths, spec C14), decode rows
-carry host drafts after their pending token, and every row its own sampling
+of copy programs carry host drafts after their pending token, and every row its own sampling
 parameters and seed. All per-row tensors of a frame are built on the host and
 moved to the device once each: one ``query_lens`` upload per frame.
 
-Proposals (program contract version 2): learned programs draw their own
-drafts, so only copy-source programs take host ``draft_tokens`` (prompt
-lookup). A prefix-limit program gets each lane's immutable ceiling in
+Proposals (program contract version 2): wider learned programs draw their
+own drafts; copy programs take host ``draft_tokens`` (prompt lookup), and
+width-one and ordinary mixed ones an empty ``[B, 0]``. A prefix-limit program gets each lane's immutable ceiling in
 ``query_lens`` and allocates the target rows itself (S2); the host never fits
 rows into P for it.
 
