@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:  # `scripts` is not an installed package
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 from scripts.bundled_model import evaluate as ev  # noqa: E402
@@ -57,6 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target-lr", type=float, default=2e-3)
     p.add_argument("--draft-lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=30)
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="continue training a pair this script wrote (its target/ and draft/ folders): reuses its "
+                        "tokenizer and starts both models from its weights (shapes must match)")
     p.add_argument("--draft-loss", choices=("next-token", "distill"), default="next-token",
                    help="next-token: the corpus' tokens; distill: KL to the trained target's distribution")
     # Off by default: measured on the 2-core build machine (no AMX), neither paid; see docs/bundled-model.md.
@@ -115,13 +119,15 @@ def run(args: argparse.Namespace) -> dict[str, object]:
               "draft": DRAFT_SHAPE.with_overrides(args.draft_shape)}
     corpus = load_corpus(args.corpus, args.heldout_percent)
     log(f"corpus: {len(corpus.train)} training and {len(corpus.heldout)} held-out files")
-    tokenizer = train_tokenizer((f.text for f in corpus.train), args.vocab_size)
+    tokenizer = _tokenizer(args, corpus)
     train_stream, heldout = encode(tokenizer, corpus.train), encode(tokenizer, corpus.heldout)
     log(f"tokenizer: {tokenizer.get_vocab_size()} tokens; {len(train_stream)} training tokens")
     models, summary = {}, {}
     for offset, name in enumerate(("target", "draft")):  # the target first: a distilled draft learns from it
         config = shapes[name].config(tokenizer.get_vocab_size(), args.max_positions)
         models[name] = build_model(config, tokenizer, args.seed + offset)
+        if args.init_from is not None:
+            _load_weights(models[name], args.init_from / name)
         log(f"training {name} ({sum(p.numel() for p in models[name].parameters())} parameters)")
         report = train_phase(models[name], TokenStream(train_stream), phase(args, name, 100 * offset),
                              objective(args, name, models), log)
@@ -143,6 +149,29 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "out": str(args.out),
         "size_bytes": sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file()),
     }
+
+
+def _tokenizer(args: argparse.Namespace, corpus: Corpus) -> Tokenizer:
+    if args.init_from is None:
+        return train_tokenizer((f.text for f in corpus.train), args.vocab_size)
+    path = args.init_from / "target" / "tokenizer.json"
+    if not path.is_file():
+        raise CorpusError(f"--init-from {args.init_from}: no target/tokenizer.json; pass a folder this script wrote")
+    return Tokenizer.from_file(str(path))
+
+
+def _load_weights(model: torch.nn.Module, folder: Path) -> None:
+    """Start from a saved model: every parameter of the shape, in float32 (tied head included)."""
+    saved = load_file(str(folder / "model.safetensors"))
+    state = model.state_dict()
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    wrong = [k for k in saved if k not in state or state[k].shape != saved[k].shape]
+    wrong += [k for k in state if k not in saved and k not in tied]
+    if wrong:
+        raise ShapeError(f"--init-from {folder}: {len(wrong)} tensors missing or of another shape (first: {wrong[0]})")
+    model.load_state_dict({k: v.float() for k, v in saved.items()}, strict=False)
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
 
 
 def objective(args: argparse.Namespace, name: str, models: dict) -> Objective:
