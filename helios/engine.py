@@ -283,8 +283,7 @@ class HeliosEngine:
         self._page_table = PageTable(self.pages.layout)
         graphs = self._graphs()
         self._max_width = max((g.width for g in graphs), default=1)
-        self.context_length = min(int(catalog.envelope.extra.get("context_length", 1 << 30)),
-                                  self.pages.layout.slot_capacity)
+        self.context_length = _context_length(catalog, graphs, self.pages.layout)
         self.scheduler = Scheduler(graphs, request_slots=layout["request_slots"], policy=config.policy,
                                    speculation="fixed" if config.speculation == "off" else config.speculation)
         self._sources = tuple(sorted({g.proposal_source for g in graphs if rounds.draws_proposals(g)}))
@@ -669,6 +668,18 @@ class HeliosEngine:
             except Exception as exc:  # one program's failure must not stop the server
                 result, error = None, exc
             self._events.put(_Finished(fence, frame.plan, result, error, dispatched_ns))
+
+
+def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout: PageLayout) -> int:
+    """Prompt plus output tokens per request: the recipe's context, within what a slot's pages hold.
+
+    A prefix-limit row runs all D draft steps whatever its ceiling, writing
+    draft K/V up to L + D - 1 for a cache length L below the context, so those
+    programs leave D positions of the slot free (program contract, "Learned
+    proposals").
+    """
+    headroom = max((g.proposal_depth for g in graphs if rounds.is_prefix_limit(g)), default=0)
+    return min(int(catalog.envelope.extra.get("context_length", 1 << 30)), layout.slot_capacity - headroom)
 
 
 def _sidecar(records, name: str) -> list | None:

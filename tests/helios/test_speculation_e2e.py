@@ -263,3 +263,34 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation_off_fixed_and_ad
     engine, recorder = make(catalog, eager, mode, family)
     assert generate(engine, ids, seeded) == reference_out
     assert any(rounds.draws_proposals(catalog.entry(p).descriptor) for p in recorder.called)
+
+
+class PrefixLimitOnly(HeliosEngine):
+    """Decodes with prefix-limit rounds only (no width-one program to fall back on near the end)."""
+
+    def _graphs(self) -> tuple[GraphDescriptor, ...]:
+        return tuple(g for g in super()._graphs() if g.kind.value == "prefill" or rounds.is_prefix_limit(g))
+
+
+def test_S3_a_prefix_limit_lane_at_the_end_of_the_context_keeps_room_for_every_draft_step(catalog, eager):
+    """A prefix-limit row runs all D draft steps whatever its ceiling, even with one token of room left."""
+    if not family_present(catalog, "learned_prefix_limit"):
+        pytest.skip("the tiny slice has no prefix_limit program")
+    recorder = Recorder(catalog, eager)
+    engine = recorder.engine = PrefixLimitOnly(catalog, EngineConfig(threads=1), program_for=recorder)
+    prompt = prompts(engine, 1)[0]
+    prompt = (prompt * (engine.context_length // len(prompt) + 1))[: engine.context_length - 6]
+    request = GenerationRequest("edge", prompt, 16, SamplingParams(temperature=0.0))
+
+    async def main():
+        await engine.start()
+        try:
+            return [d async for d in engine.submit(request)]
+        finally:
+            await engine.stop()
+    deltas = asyncio.run(main())  # a write beyond the slot's pages would fail the request here
+    produced = sum(len(d.token_ids) for d in deltas)
+    assert deltas[-1].finish_reason.value == "length" and produced == 6, (len(prompt), engine.context_length, produced)
+    assert {p for p in recorder.called if rounds.draws_proposals(catalog.entry(p).descriptor)} == {
+        g.id for g in engine.scheduler.graphs if rounds.is_prefix_limit(g)}
+    assert not recorder.short, recorder.short[:3]
