@@ -8,16 +8,23 @@ turns stale as the clock passes its last observation plus ``ttl_ns`` (D2). So
 the table is updated on exactly those events: an observation refreshes the
 graphs sharing that cost key, and the clock passing the earliest staleness
 time refreshes the freshness of all. The lists it hands out are never mutated
-afterwards; an update builds new ones.
+afterwards; an update builds new ones, and only when a timing really changed
+(an observation that leaves the median where it was keeps the list), so the
+list's identity tells a caller whether anything it derived is still current.
+
+The reference interval (U5) needs, per delivery family, the fastest measured
+program of each batch capacity; those are kept here too and updated per batch
+when a duration changes, instead of being rescanned per plan.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from helios.scheduler.cost import CostModel
 from helios.scheduler.policy import GraphTiming
-from helios.scheduler.service import token_normalizer
+from helios.scheduler.service import DeliveryFamily, ShapeTiming, token_normalizer
 from helios.scheduler.types import GENERATION_KINDS, CostKey, GraphDescriptor
 
 
@@ -34,6 +41,7 @@ class CatalogTiming:
         self._timings: list[GraphTiming] = []
         self._stale_at: dict[CostKey, int] = {}  # measured, still fresh: when each turns stale
         self._normalizer: float | None = None
+        self._families: dict[DeliveryFamily, _FamilyShapes] = {}
         self.reset(0)
 
     def at(self, now_ns: int) -> list[GraphTiming]:
@@ -52,11 +60,15 @@ class CatalogTiming:
         if not indices:
             return
         timing = self._timing(key, now_ns)
+        if timing == self._timings[indices[0]]:
+            return  # same estimate and freshness: everything derived from the list still holds
         timings = list(self._timings)
         for index in indices:
             timings[index] = timing
         self._timings = timings
         self._normalizer = self._best_rate()
+        for shapes in self._families.values():
+            shapes.update(indices, timings)
 
     def reset(self, now_ns: int) -> None:
         """Rebuild everything from the cost model (at start, after the TTL changes, when an entry turns stale)."""
@@ -64,6 +76,21 @@ class CatalogTiming:
         by_key = {key: self._timing(key, now_ns) for key in self._by_key}
         self._timings = [by_key[key] for key in self._keys]
         self._normalizer = self._best_rate()
+        self._families = {}
+
+    def fastest_shapes(self, family: DeliveryFamily, timings: Sequence[GraphTiming]) -> tuple[ShapeTiming, ...]:
+        """The family's fastest measured program per batch capacity under ``timings``: all U5's minimum can pick from.
+
+        A slower program of the same B never has the smaller T/min(B, k).
+        Kept current for this table's own list; any other list (a scheduler
+        with a cost model of its own) is scanned afresh.
+        """
+        if timings is not self._timings:
+            return _FamilyShapes.serving(family, self._graphs, timings).shapes
+        found = self._families.get(family)
+        if found is None:
+            found = self._families[family] = _FamilyShapes.serving(family, self._graphs, self._timings)
+        return found.shapes
 
     def _timing(self, key: CostKey, now_ns: int) -> GraphTiming:
         cost = self._cost
@@ -80,3 +107,35 @@ class CatalogTiming:
         estimates = [(g, t.duration_ns) for g, t in zip(self._graphs, self._timings)]
         measured = token_normalizer((g, ns) for g, ns in estimates if g.kind in GENERATION_KINDS)
         return measured if measured is not None else token_normalizer(estimates)
+
+
+@dataclass(slots=True)
+class _FamilyShapes:
+    """One delivery family's programs grouped by batch capacity, and the fastest measured one of each."""
+
+    batch_of: dict[int, int]  # catalog index of a serving program -> its batch capacity
+    batches: dict[int, tuple[int, ...]]  # batch capacity -> its serving programs (catalog order)
+    fastest: dict[int, ShapeTiming] = field(default_factory=dict)
+    shapes: tuple[ShapeTiming, ...] = ()
+
+    @classmethod
+    def serving(cls, family: DeliveryFamily, graphs: Sequence[GraphDescriptor], timings) -> "_FamilyShapes":
+        batch_of = {i: g.batch_capacity for i, g in enumerate(graphs) if family.serves(g)}
+        batches: dict[int, list[int]] = {}
+        for i, batch in batch_of.items():
+            batches.setdefault(batch, []).append(i)
+        found = cls(batch_of, {b: tuple(ix) for b, ix in batches.items()})
+        found.update(batch_of, timings)
+        return found
+
+    def update(self, indices, timings: Sequence[GraphTiming]) -> None:
+        """Recompute the batch capacities of ``indices`` (catalog positions whose timing changed)."""
+        touched = {self.batch_of[i] for i in indices if i in self.batch_of}
+        for batch in touched:
+            measured = [timings[i].duration_ns / 1e6 for i in self.batches[batch] if timings[i].known]
+            if measured:
+                self.fastest[batch] = ShapeTiming(min(measured), batch)
+            else:
+                self.fastest.pop(batch, None)
+        if touched:
+            self.shapes = tuple(self.fastest[b] for b in self.batches if b in self.fastest)

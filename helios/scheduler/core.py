@@ -52,9 +52,10 @@ from helios.scheduler.service import (
     DeliveryFamily,
     FrameService,
     ServiceHistory,
-    ShapeTiming,
     decay_factor,
     fair_token_rate,
+    price_terms,
+    projected_rates,
     reference_interval_ms,
 )
 from helios.scheduler.speculation import (
@@ -225,10 +226,6 @@ class Scheduler:
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
         self._infos = pol.describe(self.graphs)
-        self._family_graphs: dict[DeliveryFamily, tuple[int, ...]] = {}
-        self._shapes_for: Sequence[pol.GraphTiming] | None = None  # the timings ``_shapes`` was built from
-        self._shapes: dict[DeliveryFamily, tuple[ShapeTiming, ...]] = {}
-        self._family_batches: dict[DeliveryFamily, tuple[tuple[int, tuple[int, ...]], ...]] = {}
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
         self.cost = CostModel(self.policy.estimate_ttl_ns)
@@ -453,24 +450,24 @@ class Scheduler:
     def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10)."""
         live = sorted((s for s in self._slots if s is not None and s.live), key=_recency)
-        rooms = [s.room() for s in live]
-        decoding = [s.prompt_done >= s.request.prompt_tokens for s in live]  # the DECODE phase
-        decoders = [s for s, room, d in zip(live, rooms, decoding) if d and room > 0]
+        rows = [(s, s.room(), s.prompt_done >= s.request.prompt_tokens) for s in live]  # (state, room, DECODE phase)
+        decoders = [s for s, room, decoding in rows if decoding and room > 0]
         sigmas = self._reference_intervals(decoders, timings)
-        c, policy = self.policy.decode_age_price, self.policy
+        c, policy, beta = self.policy.decode_age_price, self.policy, self.policy.output_token_value
         dec, prm = pol.Decoders(), pol.Prompters()
-        for s, room, decoder in zip(live, rooms, decoding):
+        for s, room, decoder in rows:
             if (decoder and room <= 0) or (not decoder and s.queued_prompt):
                 continue
-            history, delivered_ns = self._projected(s) if self._frames else (s.service, None)
+            x, z, delivered_ns = self._projected(s)
             sigma = sigmas.get(s.family.proposal_source)
-            prices = history.prices(policy, delivery_fallback_rate=1.0 / sigma if sigma else 1.0)
+            # the arithmetic of ServiceHistory.prices, without building a Prices per request
+            congestion, delivery = price_terms(policy, x, z, 1.0 / sigma if sigma else 1.0)
             if decoder:
                 reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
                 slope = c * sigma if sigma else 0.0
                 dec.handle.append(s.handle)
-                dec.token_price.append(prices.output_token)
-                dec.delivery_price.append(prices.delivery)
+                dec.token_price.append(beta + congestion)
+                dec.delivery_price.append(delivery)
                 dec.age_credit.append(slope * max(0.0, (start_ns - reference) / 1e6))
                 dec.age_slope.append(slope)
                 dec.room.append(room)
@@ -483,22 +480,22 @@ class Scheduler:
                 prm.start.append(position)
                 prm.remaining.append(s.request.prompt_tokens - position)
                 prm.to_endpoint.append(s.next_endpoint_distance(position))
-                prm.price.append(prices.prefill_token)
-                prm.first_token.append(prices.output_token if room > 0 else 0.0)
+                prm.price.append(1.0 + congestion)
+                prm.first_token.append(beta + congestion if room > 0 else 0.0)
                 prm.recency.append(s.last_selected_ns)
         return pol.Population(dec, prm, c * len(decoders), self.policy.adaptive_verification_alpha)
 
-    def _projected(self, state: RequestState) -> tuple[ServiceHistory, int | None]:
-        """Copy of the history advanced through queued frames, and its expected delivery time."""
-        history, delivered = state.service, None
+    def _projected(self, state: RequestState) -> tuple[float, float | None, int | None]:
+        """Token and delivery rates advanced through queued frames, and the expected delivery time."""
+        x, z, delivered = state.service.token_rate, state.service.delivery_rate, None
         for frame in self._frames:
             service = frame.projection.get(state.handle)
             if service is None:
                 continue
-            history = history.projected_with_decay(service, frame.decay)
+            x, z = projected_rates(x, z, service, frame.decay)
             if service.deliveries:
                 delivered = frame.end_ns
-        return history, delivered
+        return x, z, delivered
 
     def _reference_intervals(self, decoders: Sequence[RequestState], timings) -> dict[str | None, float]:
         """sigma per delivery family, keyed by its proposal source (U5).
@@ -512,46 +509,10 @@ class Scheduler:
             counts[source] = counts.get(source, 0) + 1
         out = {}
         for source, k in counts.items():
-            sigma = reference_interval_ms(total, k, self._fastest_shapes(DeliveryFamily(source), timings))
+            sigma = reference_interval_ms(total, k, self._timing.fastest_shapes(DeliveryFamily(source), timings))
             if sigma is not None:
                 out[source] = sigma
         return out
-
-    def _fastest_shapes(self, family: DeliveryFamily, timings: Sequence[pol.GraphTiming]) -> tuple[ShapeTiming, ...]:
-        """The family's fastest measured program per batch capacity: all U5's minimum can pick from.
-
-        A slower program of the same B never has the smaller T/min(B, k). Timing
-        lists are never mutated (``CatalogTiming`` builds a new one per change),
-        so the list itself identifies the durations these were computed from.
-        """
-        if self._shapes_for is not timings:
-            self._shapes_for, self._shapes = timings, {}
-        found = self._shapes.get(family)
-        if found is None:
-            shapes = []
-            for batch, indices in self._serving_by_batch(family):
-                measured = [timings[i].duration_ns / 1e6 for i in indices if timings[i].known]
-                if measured:
-                    shapes.append(ShapeTiming(min(measured), batch))
-            found = self._shapes[family] = tuple(shapes)
-        return found
-
-    def _serving_by_batch(self, family: DeliveryFamily) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        """``_serving(family)`` grouped by batch capacity (fixed per catalog)."""
-        found = self._family_batches.get(family)
-        if found is None:
-            groups: dict[int, list[int]] = {}
-            for i in self._serving(family):
-                groups.setdefault(self.graphs[i].batch_capacity, []).append(i)
-            found = self._family_batches[family] = tuple((b, tuple(ix)) for b, ix in groups.items())
-        return found
-
-    def _serving(self, family: DeliveryFamily) -> tuple[int, ...]:
-        """Catalog positions of the programs that serve a delivery family (fixed per catalog)."""
-        found = self._family_graphs.get(family)
-        if found is None:
-            found = self._family_graphs[family] = tuple(i for i, g in enumerate(self.graphs) if family.serves(g))
-        return found
 
     def _normalizer(self) -> float | None:
         """Token normalizer: the best measured token rate of the pure generation programs.

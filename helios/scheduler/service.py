@@ -114,12 +114,11 @@ class ServiceHistory:
         buffered; the core passes 1/sigma (U5), the delivery rate a fair
         share of the catalog would give it.
         """
-        congestion = policy.token_fairness / self.token_rate
-        z = self.delivery_rate if self.delivery_rate is not None else delivery_fallback_rate
+        congestion, delivery = price_terms(policy, self.token_rate, self.delivery_rate, delivery_fallback_rate)
         return Prices(
             prefill_token=1.0 + congestion,
             output_token=policy.output_token_value + congestion,
-            delivery=policy.delivery_fairness / max(z, MIN_RATE_PER_MS),
+            delivery=delivery,
         )
 
     def record_interval(self, fence: Fence, tokens: float, interval_ms: float, adaptation_ms: float) -> None:
@@ -162,13 +161,26 @@ class ServiceHistory:
 
     def projected_with_decay(self, service: FrameService, decay: float) -> "ServiceHistory":
         """``projected`` with the frame's ``decay_factor`` already computed (it is shared by all its members)."""
-        token_rate = blend(self.token_rate, service.tokens, service.duration_ms, decay)
-        delivery_rate = self.delivery_rate
-        if delivery_rate is not None:
-            delivery_rate = blend(delivery_rate, service.deliveries, service.duration_ms, decay)
-        elif service.deliveries > 0:
-            delivery_rate = service.deliveries / service.duration_ms  # A5's first-burst rule
+        token_rate, delivery_rate = projected_rates(self.token_rate, self.delivery_rate, service, decay)
         return ServiceHistory(token_rate=token_rate, delivery_rate=delivery_rate)
+
+
+def price_terms(policy: PolicyConfig, token_rate: float, delivery_rate: float | None,
+                delivery_fallback_rate: float) -> tuple[float, float]:
+    """(f/x, g/z) of ``ServiceHistory.prices`` from bare rates; planning reads them for every request."""
+    z = delivery_rate if delivery_rate is not None else delivery_fallback_rate
+    return policy.token_fairness / token_rate, policy.delivery_fairness / max(z, MIN_RATE_PER_MS)
+
+
+def projected_rates(token_rate: float, delivery_rate: float | None, service: FrameService,
+                    decay: float) -> tuple[float, float | None]:
+    """(x, z) advanced by one queued frame's expected service (A10), without building a history."""
+    x = blend(token_rate, service.tokens, service.duration_ms, decay)
+    if delivery_rate is not None:
+        return x, blend(delivery_rate, service.deliveries, service.duration_ms, decay)
+    if service.deliveries > 0:
+        return x, service.deliveries / service.duration_ms  # A5's first-burst rule
+    return x, None
 
 
 def utility_rate(token_rate: float, delivery_rate: float | None, token_value: float, policy: PolicyConfig) -> float:
