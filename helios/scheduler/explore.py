@@ -34,8 +34,10 @@ from helios.scheduler.learning import (
     ProbeCandidate,
     ProbeLane,
     WidthProgram,
-    best_lane_probe,
     choose_exploration,
+    lane_probe_terms,
+    term_candidate,
+    term_rank_key,
 )
 from helios.scheduler.refresh import ExplorationAccounts, stale_alternatives
 from helios.scheduler.speculation import PrefixSurvival
@@ -89,6 +91,8 @@ class Explorer:
         self.alpha = alpha
         self.fixed_width = fixed_width
         self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
+        self._stale_for: Sequence[pol.GraphTiming] | None = None  # the timings ``_stale`` was read from
+        self._stale: list[int] = []
         self._by_source: dict[str, tuple[list[WidthProgram], WidthProgram]] = {}
 
     def choose(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
@@ -125,15 +129,15 @@ class Explorer:
             if stale_alternatives(cost, {k: c.score for k, c in alternatives.items()}, decision.now_ns):
                 return True
         learn = accounts.can_begin(SelectionReason.ACCEPTANCE_LEARNING) and not self.fixed_width
-        return learn and any(self._lane_probes(decision, subject))
+        return learn and any(self._lane_bests(decision, request, price)
+                             for _, request, price in self._probe_lanes(decision, subject))
 
     # -- timing refresh (D7) -------------------------------------------------
 
     def _stale_choices(self, decision: Decision) -> dict[CostKey, pol.Choice]:
         """Best cohort of every measured stale program other than the winner, one per cost key."""
         winner_key = decision.winner.graph.cost_key()
-        indices = [i for i, t in enumerate(decision.timings)
-                   if t.known and not t.fresh and self.keys[i] != winner_key]
+        indices = [i for i in self._stale_indices(decision.timings) if self.keys[i] != winner_key]
         if not indices:
             return {}
         found = pol.evaluate(self.graphs, decision.timings, decision.population, self.infos, indices)
@@ -144,6 +148,17 @@ class Explorer:
                 best[key] = choice
         return best
 
+    def _stale_indices(self, timings: Sequence[pol.GraphTiming]) -> list[int]:
+        """Catalog positions of the measured, stale programs.
+
+        Timing lists are never mutated (``CatalogTiming`` builds a new one on
+        every change), so one scan per list is enough; most plans reuse it.
+        """
+        if self._stale_for is not timings:
+            self._stale_for = timings
+            self._stale = [i for i, t in enumerate(timings) if t.known and not t.fresh]
+        return self._stale
+
     # -- acceptance learning (D8) --------------------------------------------
 
     def _best_probe(self, decision: Decision, subject) -> tuple[ProbeCandidate, RequestHandle] | None:
@@ -153,20 +168,24 @@ class Explorer:
         gain per ms, and the search stops once no bound reaches the best gain
         found: none of those lanes' candidates could rank first. Equal rank
         keys go to the earlier lane, then the earlier candidate, as the stable
-        sort over all lanes in lane order does.
+        sort over all lanes in lane order does. Lanes are compared by their
+        terms' rank keys; only the winner becomes a ``ProbeCandidate``.
         """
         lanes = list(self._probe_lanes(decision, subject))
         bounds = [self._gain_bound(decision, request, price) for _, request, price in lanes]
-        best = None  # (rank key, lane position, candidate position, candidate, handle)
+        best = None  # (rank key, lane position, candidate position, lane best)
         for position in sorted((i for i, b in enumerate(bounds) if b is not None), key=lambda i: -bounds[i]):
             if best is not None and bounds[position] < -best[0][0]:
                 break
-            handle, request, price = lanes[position]
-            for at, c in enumerate(self._candidates(decision, request, price)):
-                entry = (c.rank_key(), position, at, c, handle)
+            _, request, price = lanes[position]
+            for at, found in enumerate(self._lane_bests(decision, request, price)):
+                entry = (found.key, position, at, found)
                 if best is None or entry[:3] < best[:3]:
                     best = entry
-        return None if best is None else (best[3], best[4])
+        if best is None:
+            return None
+        handle, request, price = lanes[best[1]]
+        return best[3].candidate(request.room, price, self.alpha), handle
 
     def _gain_bound(self, decision: Decision, request: ProbeSubject, price: float) -> float | None:
         """At least the gain per ms of any probe of the lane; None when it has none.
@@ -190,11 +209,6 @@ class Explorer:
                 bound = gain if bound is None else max(bound, gain)
         return bound
 
-    def _lane_probes(self, decision: Decision, subject) -> Iterator[list[tuple[ProbeCandidate, RequestHandle]]]:
-        """Per decode lane of the winner, in lane order: its probe candidates over every source."""
-        for handle, request, price in self._probe_lanes(decision, subject):
-            yield [(c, handle) for c in self._candidates(decision, request, price)]
-
     def _probe_lanes(self, decision: Decision, subject) -> Iterator[tuple[RequestHandle, ProbeSubject, float]]:
         """The winner's priced decode lanes, in lane order, with their requests and token prices."""
         prices = dict(zip(decision.population.decoders.handle, decision.population.decoders.token_price))
@@ -203,22 +217,22 @@ class Explorer:
             if lane.phase is LanePhase.DECODE and price > 0:
                 yield lane.handle, subject(lane.handle), price
 
-    def _candidates(self, decision: Decision, request: ProbeSubject, price: float) -> list[ProbeCandidate]:
-        """One lane's best probe candidate per source, in source order.
+    def _lane_bests(self, decision: Decision, request: ProbeSubject, price: float) -> list["_LaneBest"]:
+        """One lane's best probe per source, in source order (an empty list: the lane has none).
 
         Ranked together with the other lanes, only a source's best candidate
-        can come first (the others rank after it), so only it is built.
+        can come first (the others rank after it), so only its terms are kept.
         """
         found = []
         for source, estimates in request.estimates.items():
             programs, ordinary = self._source_view(decision, source)
             if not programs:
                 continue
-            view = ProbeLane.from_estimates(estimates, self.max_depth, request.room, ordinary,
-                                            token_value=price, alpha=self.alpha)
-            best = best_lane_probe(view, programs)
-            if best is not None:
-                found.append(best)
+            means, weights = estimates.means_and_weights(self.max_depth)
+            depth, rate, terms = lane_probe_terms(means, weights, request.room, ordinary, price, self.alpha, programs)
+            if terms:
+                term = min(terms, key=term_rank_key)  # min keeps the first of equal keys, as a stable sort
+                found.append(_LaneBest(term_rank_key(term), means, weights, ordinary, depth, rate, term))
         return found
 
     def _source_view(self, decision: Decision, source: str) -> tuple[list[WidthProgram], WidthProgram]:
@@ -274,6 +288,23 @@ class Explorer:
                            expected_tokens=min(float(probe.lane.remaining_output), probe.optimistic_rate
                                                * probe.program.duration_ns / 1e6 / probe.lane.token_value))
         return pol.Choice(graph, (lane,), timing, probe.optimistic_rate, 0.0, None)
+
+
+@dataclass(frozen=True, slots=True)
+class _LaneBest:
+    """A lane's best probe term for one source, and the numbers that build its ``ProbeCandidate``."""
+
+    key: tuple  # the candidate's rank key
+    means: tuple[float, ...]
+    weights: tuple[float, ...]
+    ordinary: WidthProgram
+    ordinary_depth: int
+    ordinary_rate: float
+    term: tuple
+
+    def candidate(self, room: int, price: float, alpha: float) -> ProbeCandidate:
+        lane = ProbeLane(self.means, self.weights, room, self.ordinary, token_value=price, alpha=alpha)
+        return term_candidate(lane, self.ordinary_depth, self.ordinary_rate, self.term)
 
 
 def _order(program: WidthProgram) -> tuple[int, int, int]:

@@ -154,15 +154,11 @@ def expected_output(survival: Sequence[float], depth: int, alpha: float) -> floa
     return total
 
 
-def _probe_survival(lane: ProbeLane, ordinary_depth: int) -> list[float]:
+def _probe_survival(means: Sequence[float], weights: Sequence[float], ordinary_depth: int) -> list[float]:
     """Means where the ordinary choice already offers drafts, optimism on the added depths."""
-    known = list(lane.means[:ordinary_depth])
-    added = [optimistic_survival(m, w) for m, w in zip(lane.means[ordinary_depth:], lane.weights[ordinary_depth:])]
+    known = list(means[:ordinary_depth])
+    added = [optimistic_survival(m, w) for m, w in zip(means[ordinary_depth:], weights[ordinary_depth:])]
     return known + added
-
-
-def _rate(lane: ProbeLane, survival: Sequence[float], depth: int, program: WidthProgram) -> float:
-    return lane.token_value * expected_output(survival, depth, lane.alpha) * NS_PER_MS / program.duration_ns
 
 
 def _expected_outputs(survival: Sequence[float], alpha: float) -> list[float]:
@@ -182,7 +178,7 @@ def _expected_outputs(survival: Sequence[float], alpha: float) -> list[float]:
 def probe_candidates(lane: ProbeLane, programs: Iterable[WidthProgram]) -> list[ProbeCandidate]:
     """Every program that qualifies as an acceptance probe for ``lane``, best first (D8)."""
     ordinary_depth, ordinary_rate, terms = _probe_terms(lane, programs)
-    return rank_probes(_candidate(lane, ordinary_depth, ordinary_rate, t) for t in terms)
+    return rank_probes(term_candidate(lane, ordinary_depth, ordinary_rate, t) for t in terms)
 
 
 def best_lane_probe(lane: ProbeLane, programs: Iterable[WidthProgram]) -> ProbeCandidate | None:
@@ -193,38 +189,52 @@ def best_lane_probe(lane: ProbeLane, programs: Iterable[WidthProgram]) -> ProbeC
     ordinary_depth, ordinary_rate, terms = _probe_terms(lane, programs)
     if not terms:
         return None
-    return _candidate(lane, ordinary_depth, ordinary_rate, min(terms, key=_term_key))
+    return term_candidate(lane, ordinary_depth, ordinary_rate, min(terms, key=term_rank_key))
 
 
 def _probe_terms(lane: ProbeLane, programs: Iterable[WidthProgram]) -> tuple[int, float, list[tuple]]:
     """The ordinary depth and rate, and (program, depth, rate, gain, weight) of each qualifying program."""
-    if lane.fixed_width or lane.remaining_output <= 0:
+    if lane.fixed_width:
         return 0, 0.0, []
-    ordinary_depth = lane.ordinary.offered_depth(lane.remaining_output)
-    ordinary_rate = _rate(lane, lane.means, ordinary_depth, lane.ordinary)
-    expected = _expected_outputs(_probe_survival(lane, ordinary_depth), lane.alpha)
+    return lane_probe_terms(lane.means, lane.weights, lane.remaining_output, lane.ordinary, lane.token_value,
+                            lane.alpha, programs)
+
+
+def lane_probe_terms(means: Sequence[float], weights: Sequence[float], remaining_output: int, ordinary: WidthProgram,
+                     token_value: float, alpha: float, programs: Iterable[WidthProgram]) -> tuple[int, float, list[tuple]]:
+    """``_probe_terms`` of a variable-width lane given by ``ProbeLane``'s fields, without building one.
+
+    A decision's probe search reads every decode lane of the winner; it
+    builds (and validates) a ``ProbeLane`` only for the lane whose probe wins.
+    """
+    if remaining_output <= 0:
+        return 0, 0.0, []
+    ordinary_depth = ordinary.offered_depth(remaining_output)
+    ordinary_rate = token_value * expected_output(means, ordinary_depth, alpha) * NS_PER_MS / ordinary.duration_ns
+    expected = _expected_outputs(_probe_survival(means, weights, ordinary_depth), alpha)
     out = []
     for program in programs:
-        depth = program.offered_depth(lane.remaining_output)
-        if depth <= ordinary_depth or depth + 1 >= lane.remaining_output:
+        depth = program.offered_depth(remaining_output)
+        if depth <= ordinary_depth or depth + 1 >= remaining_output:
             continue  # adds no depth, or could use up all output and leave nothing to learn for
-        if depth > len(lane.means):
-            raise ValueError(f"{program.key} offers depth {depth}; the lane has estimates for {len(lane.means)} depths")
-        rate = lane.token_value * expected[depth] * NS_PER_MS / program.duration_ns  # as ``_rate`` computes it
+        if depth > len(means):
+            raise ValueError(f"{program.key} offers depth {depth}; the lane has estimates for {len(means)} depths")
+        rate = token_value * expected[depth] * NS_PER_MS / program.duration_ns  # as ordinary_rate is computed
         if rate <= ordinary_rate:
             continue
         gain = (rate - ordinary_rate) * NS_PER_MS / program.duration_ns
-        out.append((program, depth, rate, gain, min(lane.weights[ordinary_depth:depth])))
+        out.append((program, depth, rate, gain, min(weights[ordinary_depth:depth])))
     return ordinary_depth, ordinary_rate, out
 
 
-def _term_key(term: tuple) -> tuple:
+def term_rank_key(term: tuple) -> tuple:
     """``ProbeCandidate.rank_key`` of the candidate a term would build."""
     program, _, _, gain, weight = term
     return (-gain, weight, program.duration_ns, program.target_rows, program.batch_capacity)
 
 
-def _candidate(lane: ProbeLane, ordinary_depth: int, ordinary_rate: float, term: tuple) -> ProbeCandidate:
+def term_candidate(lane: ProbeLane, ordinary_depth: int, ordinary_rate: float, term: tuple) -> ProbeCandidate:
+    """The ``ProbeCandidate`` one of ``lane``'s terms describes."""
     program, depth, rate, gain, weight = term
     return ProbeCandidate(lane, program, ordinary_depth, depth, rate, ordinary_rate, gain, weight)
 

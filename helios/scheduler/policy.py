@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import itemgetter
 from typing import Callable, Mapping, Sequence
 
 from helios.scheduler import rounds
@@ -230,7 +231,9 @@ class _DecodeRanking:
     ranked: RankedLanes  # over base values (ranking order == members)
     slope_prefix: list[float]
     uniform_slope: bool = True  # every lane shares c*sigma: the order holds for any T
-    unordered_expected: list[float] = field(default_factory=list)  # eligibility order
+    # what expected tokens are computed from, in eligibility order: (cumulative gains, query length, room)
+    # per lane, or None for width-one rows (one token each)
+    expected_inputs: tuple[list, list[int], list[int]] | None = None
     keys: dict[int, tuple] = field(default_factory=dict)  # k -> logical key
     _expected: list[float] | None = None
     _length_prefix: list[int] | None = None
@@ -239,7 +242,11 @@ class _DecodeRanking:
     def expected(self) -> list[float]:
         """Expected committed tokens per member (ranking order)."""
         if self._expected is None:
-            self._expected = [self.unordered_expected[j] for j in self.ranked.order]
+            if self.expected_inputs is None:
+                self._expected = [1.0] * len(self.members)
+            else:
+                rows, lengths, rooms = self.expected_inputs
+                self._expected = [expected_tokens(rows[j], lengths[j], rooms[j]) for j in self.ranked.order]
         return self._expected
 
     @property
@@ -254,6 +261,12 @@ class _DecodeRanking:
             key = tuple(sorted(zip(self.members[:k], self.lengths[:k])))
             self.keys[k] = key
         return key
+
+
+def expected_tokens(gains: Sequence[float], length: int, room: int) -> float:
+    """1 + the gains of a lane's first ``length`` - 1 drafts, capped by its room (S5)."""
+    e = 1.0 + (gains[length - 1] if length <= len(gains) else gains[-1])
+    return e if e < room else float(room)
 
 
 class _Selector:
@@ -321,19 +334,20 @@ class _Selector:
         """
         d = self.pop.decoders
         idx, slopes, uniform = self._eligible(source)
+        prices, fixed_parts = self._priced(source)
+        full = self.least_room >= width  # every lane's query length is the width itself
         if source is None:
-            lengths = [1] * len(idx)
-            expected = [1.0] * len(idx)
+            lengths, inputs = [1] * len(idx), None
+            values = [p + f for p, f in zip(prices, fixed_parts)]  # one token: 1.0 * p + f, exactly
         else:
             rows, rooms = self._rows(source)
-            lengths = [width] * len(idx) if self.least_room >= width else [min(width, r) for r in rooms]
-            # 1 + the gains of the first n - 1 drafts, capped by the room (a comprehension: this is the hot loop)
-            expected = [
-                e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)
-                for g, n, r in zip(rows, lengths, rooms)
+            lengths = [width] * len(idx) if full else [min(width, r) for r in rooms]
+            inputs = (rows, lengths, rooms)
+            # expected_tokens(g, n, r) * p + f, inlined: this comprehension is the hot loop of a decision
+            values = [
+                (e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)) * p + f
+                for g, n, r, p, f in zip(rows, lengths, rooms, prices, fixed_parts)
             ]
-        prices, fixed_parts = self._priced(source)
-        values = [e * p + f for e, p, f in zip(expected, prices, fixed_parts)]
         if t_ms is not None:
             values = [v + t_ms * slope for v, slope in zip(values, slopes)]
         ranked = RankedLanes.rank(values, None if self.decoders_lru else [d.recency[i] for i in idx])
@@ -346,11 +360,11 @@ class _Selector:
             slope_prefix = list(accumulate((slopes[j] for j in order), initial=0.0))
         return _DecodeRanking(
             members=list(map(idx.__getitem__, order)),
-            lengths=lengths if self.least_room >= width else [lengths[j] for j in order],
+            lengths=lengths if full or source is None else [lengths[j] for j in order],
             ranked=ranked,
             slope_prefix=slope_prefix,
             uniform_slope=uniform,
-            unordered_expected=expected,
+            expected_inputs=inputs,
         )
 
     def _eligible(self, source: str | None) -> tuple[list[int], list[float], bool]:
@@ -536,16 +550,12 @@ def _logical_width(graph: GraphDescriptor) -> int:
 
 
 def _decode_lanes(sel: _Selector, r: _DecodeRanking, k: int, ceilings: bool) -> list[PlannedLane]:
-    d = sel.pop.decoders
+    handles, decode = sel.pop.decoders.handle, LanePhase.DECODE
+    # positional: PlannedLane(handle, phase, prompt_start, prompt_tokens, query_length, ceiling, expected_tokens);
+    # a winner may hold 64 lanes, and keyword parsing was a measurable part of building them
     return [
-        PlannedLane(
-            handle=d.handle[i],
-            phase=LanePhase.DECODE,
-            query_length=r.lengths[j],
-            ceiling=r.lengths[j] if ceilings else 0,
-            expected_tokens=r.expected[j],
-        )
-        for j, i in enumerate(r.members[:k])
+        PlannedLane(handles[i], decode, 0, 0, length, length if ceilings else 0, expected)
+        for i, length, expected in zip(r.members[:k], r.lengths, r.expected)
     ]
 
 
@@ -805,10 +815,37 @@ def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) ->
 
 
 def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
+    """Mixed programs of one prompt capacity and width: ``_mixed_entry`` of each, from the shared rankings.
+
+    Inlined like ``_score_rectangular`` when every lane shares one age slope
+    (the usual case); otherwise a known duration needs its own ranking, which
+    ``_mixed_entry`` builds.
+    """
     untimed = sel.decode_ranking(group.source, group.width)
     prompts = sel.prompt_ranking(group.prefill_capacity)
-    for index in group.members:
-        out[index] = _mixed_entry(sel, index, graphs[index], timings[index], untimed, prompts)
+    if not untimed.uniform_slope:
+        for index in group.members:
+            out[index] = _mixed_entry(sel, index, graphs[index], timings[index], untimed, prompts)
+        return
+    ranked, tokens = prompts
+    has_row = len(ranked) > 0 and group.prefill_capacity > 0
+    row_value, row = (ranked.prefix[1], ranked.order[0]) if has_row else (0.0, None)
+    prefix, slopes, n, active = untimed.ranked.prefix, untimed.slope_prefix, len(untimed.members), sel.pop.active_age_price
+    for index, batch in group.batches:
+        duration_ns = timings[index].duration_ns
+        t_ms = duration_ns / 1e6 if duration_ns > 0 else None
+        k = batch if batch < n else n
+        best = None  # (score, prompt row or None, decoders served)
+        if k:
+            best = (prefix[k] if t_ms is None else value_rate(prefix[k] + slopes[k] * t_ms, t_ms, active), None, k)
+        if has_row:
+            k2 = batch - 1 if batch - 1 < n else n
+            value = row_value + prefix[k2]
+            score = value if t_ms is None else value_rate(value + slopes[k2] * t_ms, t_ms, active)
+            if best is None or score >= best[0]:  # on a tie the prompt row wins
+                best = (score, row, k2)
+        if best is not None:
+            out[index] = (t_ms is None, best[0]), index, (untimed, best[1], best[2], tokens)
 
 
 def _score_one_by_one(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
@@ -856,14 +893,17 @@ class _Scored:
         self.entries: list[tuple] = []
         self.by_index: dict[int, tuple] = {}
         self.built: dict[int, _Candidate] = {}
+        self._leaders: list[tuple] | None = None  # best_undominated() of the current entries
 
     def add(self, entry: tuple) -> None:
         self.entries.append(entry)
         self.by_index[entry[1]] = entry
+        self._leaders = None
 
     def add_all(self, entries: list[tuple]) -> None:
         self.entries.extend(entries)
-        self.by_index.update((e[1], e) for e in entries)
+        self.by_index.update(zip(map(itemgetter(1), entries), entries))
+        self._leaders = None
 
     def add_built(self, c: _Candidate) -> None:
         self.built[c.index] = c
@@ -872,6 +912,7 @@ class _Scored:
     def drop(self, index: int) -> None:
         del self.by_index[index]
         self.entries = [e for e in self.entries if e[1] != index]
+        self._leaders = None
 
     def candidate(self, entry: tuple) -> _Candidate:
         rank, index, payload = entry
@@ -911,8 +952,13 @@ class _Scored:
 
         Pruning only ever removes candidates, so it is enough to test the best
         ones in rank order (usually the first rank level holds the answer); the
-        logical keys of the rest are never built.
+        logical keys of the rest are never built. Kept until the entries change.
         """
+        if self._leaders is None:
+            self._leaders = self._undominated_leaders()
+        return self._leaders
+
+    def _undominated_leaders(self) -> list[tuple]:
         if not self.entries:
             return []
         top = max(map(_rank_of, self.entries))
@@ -926,9 +972,13 @@ class _Scored:
                 tied.append(e)
         return tied
 
+    def magnitude(self) -> float:
+        """The largest |score| of the decision (U7's common scaling reads it)."""
+        scores = [rank[1] for rank in map(_rank_of, self.entries)]
+        return max(abs(max(scores)), abs(min(scores)))
 
-def _rank_of(entry: tuple) -> tuple:
-    return entry[0]
+
+_rank_of = itemgetter(0)  # an entry's rank key
 
 
 def _explores_redundantly(c: _Candidate, sel: _Selector, prefill_sizes: Sequence[int]) -> bool:
@@ -1023,8 +1073,7 @@ def select(
             c.recency = _recency(c, sel)
     best = max(tied, key=_Candidate.tie_key)
     lanes, prefill_row = best.build()
-    magnitude = max(abs(e[0][1]) for e in scored.entries)
-    log_scale = decision_log_scale(magnitude)
+    log_scale = decision_log_scale(scored.magnitude())
     return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row)
 
 
