@@ -244,9 +244,13 @@ class _DecodeRanking:
         if self._expected is None:
             if self.expected_inputs is None:
                 self._expected = [1.0] * len(self.members)
-            else:
-                rows, lengths, rooms = self.expected_inputs
-                self._expected = [expected_tokens(rows[j], lengths[j], rooms[j]) for j in self.ranked.order]
+            else:  # expected_tokens(rows[j], lengths[j], rooms[j]) per member, inlined (a winner may hold 64)
+                order = self.ranked.order
+                rows, lengths, rooms = (map(column.__getitem__, order) for column in self.expected_inputs)
+                self._expected = [
+                    e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)
+                    for g, n, r in zip(rows, lengths, rooms)
+                ]
         return self._expected
 
     @property
@@ -284,6 +288,7 @@ class _Selector:
         self.eligible: dict[str | None, tuple[list[int], list[float], bool]] = {}
         self.slope_prefixes: dict[str | None, list[float]] = {}
         self.rows: dict[str, tuple[list[list[float]], list[int]]] = {}
+        self.shortest_gains: dict[str, int] = {}  # per source: the fewest cumulative gains any eligible row has
         self.priced: dict[str | None, tuple[list[float], list[float]]] = {}
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
@@ -344,10 +349,15 @@ class _Selector:
             lengths = [width] * len(idx) if full else [min(width, r) for r in rooms]
             inputs = (rows, lengths, rooms)
             # expected_tokens(g, n, r) * p + f, inlined: this comprehension is the hot loop of a decision
-            values = [
-                (e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)) * p + f
-                for g, n, r, p, f in zip(rows, lengths, rooms, prices, fixed_parts)
-            ]
+            if full and width <= self.shortest_gains[source]:  # n = width, and every row reaches it
+                last = width - 1
+                values = [(e if (e := 1.0 + g[last]) < r else float(r)) * p + f
+                          for g, r, p, f in zip(rows, rooms, prices, fixed_parts)]
+            else:
+                values = [
+                    (e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)) * p + f
+                    for g, n, r, p, f in zip(rows, lengths, rooms, prices, fixed_parts)
+                ]
         if t_ms is not None:
             values = [v + t_ms * slope for v, slope in zip(values, slopes)]
         ranked = RankedLanes.rank(values, None if self.decoders_lru else [d.recency[i] for i in idx])
@@ -399,6 +409,7 @@ class _Selector:
             idx = self._eligible(source)[0]
             gains, room = self.cumulative[source], self.pop.decoders.room
             found = self.rows[source] = ([gains[i] for i in idx], [room[i] for i in idx])
+            self.shortest_gains[source] = min(map(len, found[0]), default=0)
         return found
 
     def _uniform_slope_prefix(self, source: str | None, slopes: list[float]) -> list[float]:
@@ -431,7 +442,7 @@ class _Selector:
 
 
 def _nondecreasing(values: Sequence[int]) -> bool:
-    return all(a <= b for a, b in zip(values, values[1:]))
+    return list(values) == sorted(values)  # sorting an already sorted list is one linear pass, in C
 
 
 def _score(served_value_base: float, slope: float, timing: GraphTiming, active: float) -> float:
