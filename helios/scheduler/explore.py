@@ -78,6 +78,10 @@ class Funded:
     choice: pol.Choice
 
 
+BOUND_MARGIN = 1e-9
+"""Relative widening of the probe gain bound's terms: rounding differs by a few 1e-16."""
+
+
 class Explorer:
     """Funded exploration choices for one catalog (see the module docstring)."""
 
@@ -93,7 +97,7 @@ class Explorer:
         self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
         self._stale_for: Sequence[pol.GraphTiming] | None = None  # the timings ``_stale`` was read from
         self._stale: list[int] = []
-        self._by_source: dict[str, tuple[list[WidthProgram], WidthProgram]] = {}
+        self._by_source: dict[str, _SourceView] = {}
 
     def choose(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
                subject: Callable[[RequestHandle], ProbeSubject]) -> Funded | None:
@@ -130,7 +134,7 @@ class Explorer:
                 return True
         learn = accounts.can_begin(SelectionReason.ACCEPTANCE_LEARNING) and not self.fixed_width
         return learn and any(self._lane_bests(decision, request, price)
-                             for _, request, price in self._probe_lanes(decision, subject))
+                             for _, request, price, _ in self._probe_lanes(decision, subject))
 
     # -- timing refresh (D7) -------------------------------------------------
 
@@ -172,50 +176,60 @@ class Explorer:
         terms' rank keys; only the winner becomes a ``ProbeCandidate``.
         """
         lanes = list(self._probe_lanes(decision, subject))
-        bounds = [self._gain_bound(decision, request, price) for _, request, price in lanes]
+        bounds = [self._gain_bound(decision, request, price, gains) for _, request, price, gains in lanes]
         best = None  # (rank key, lane position, candidate position, lane best)
         for position in sorted((i for i, b in enumerate(bounds) if b is not None), key=lambda i: -bounds[i]):
             if best is not None and bounds[position] < -best[0][0]:
                 break
-            _, request, price = lanes[position]
+            _, request, price, _ = lanes[position]
             for at, found in enumerate(self._lane_bests(decision, request, price)):
                 entry = (found.key, position, at, found)
                 if best is None or entry[:3] < best[:3]:
                     best = entry
         if best is None:
             return None
-        handle, request, price = lanes[best[1]]
+        handle, request, price, _ = lanes[best[1]]
         return best[3].candidate(request.room, price, self.alpha), handle
 
-    def _gain_bound(self, decision: Decision, request: ProbeSubject, price: float) -> float | None:
+    def _gain_bound(self, decision: Decision, request: ProbeSubject, price: float,
+                    gains: Mapping[str, Sequence[float]]) -> float | None:
         """At least the gain per ms of any probe of the lane; None when it has none.
 
-        A probe's rate is at most every offered draft accepted (1 + depth
-        tokens), the ordinary rate at least one token; the same floating
-        operations on those extremes keep the bound exact (rounding is monotone).
+        A probe's expected output is at most its ordinary depths' expected
+        output plus one token per added draft (optimism never exceeds one);
+        the ordinary rate is that same ordinary expected output. Both come
+        from ``gains``, the lane's selection gains (``cumulative_gains`` of the
+        means the probe reads), summed in another order than the probe sums
+        them, so the bound widens each side by ``BOUND_MARGIN``, far beyond
+        any rounding. Without gains, the ordinary output is bounded by one
+        token and each ordinary draft by one.
         """
-        winner, room = decision.winner, request.room
-        floor = price * 1.0 * NS_PER_MS / winner.timing.duration_ns
+        winner_ns, room = decision.winner.timing.duration_ns, request.room
         bound = None
         for source in request.estimates:
-            programs, ordinary = self._source_view(decision, source)
-            ordinary_depth = ordinary.offered_depth(room)
-            for program in programs:
-                depth = program.offered_depth(room)
-                if depth <= ordinary_depth or depth + 1 >= room:
-                    continue
-                rate = price * (1.0 + depth) * NS_PER_MS / program.duration_ns
-                gain = (rate - floor) * NS_PER_MS / program.duration_ns
+            view = self._source_view(decision, source)
+            ordinary_depth, deeper = view.full_depths if room > view.deepest + 1 else view.depths_with_room(room)
+            selected = gains.get(source)
+            if selected is not None and ordinary_depth < len(selected):
+                low = high = 1.0 + selected[ordinary_depth]
+            else:
+                low, high = 1.0, 1.0 + ordinary_depth
+            floor = price * low * (1.0 - BOUND_MARGIN) * NS_PER_MS / winner_ns
+            for depth, duration_ns in deeper:
+                rate = price * (high + (depth - ordinary_depth)) * (1.0 + BOUND_MARGIN) * NS_PER_MS / duration_ns
+                gain = (rate - floor) * (1.0 + BOUND_MARGIN) * NS_PER_MS / duration_ns
                 bound = gain if bound is None else max(bound, gain)
         return bound
 
-    def _probe_lanes(self, decision: Decision, subject) -> Iterator[tuple[RequestHandle, ProbeSubject, float]]:
-        """The winner's priced decode lanes, in lane order, with their requests and token prices."""
-        prices = dict(zip(decision.population.decoders.handle, decision.population.decoders.token_price))
+    def _probe_lanes(self, decision: Decision, subject) -> Iterator[tuple]:
+        """The winner's priced decode lanes, in lane order: (handle, request, token price, selection gains per source)."""
+        d = decision.population.decoders
+        prices = dict(zip(d.handle, d.token_price))
+        gains = dict(zip(d.handle, d.gains)) if len(d.gains) == len(d) else {}
         for lane in decision.winner.lanes:
             price = prices.get(lane.handle, 0.0)
             if lane.phase is LanePhase.DECODE and price > 0:
-                yield lane.handle, subject(lane.handle), price
+                yield lane.handle, subject(lane.handle), price, gains.get(lane.handle, {})
 
     def _lane_bests(self, decision: Decision, request: ProbeSubject, price: float) -> list["_LaneBest"]:
         """One lane's best probe per source, in source order (an empty list: the lane has none).
@@ -225,24 +239,26 @@ class Explorer:
         """
         found = []
         for source, estimates in request.estimates.items():
-            programs, ordinary = self._source_view(decision, source)
-            if not programs:
+            view = self._source_view(decision, source)
+            if not view.programs:
                 continue
             means, weights = estimates.means_and_weights(self.max_depth)
-            depth, rate, terms = lane_probe_terms(means, weights, request.room, ordinary, price, self.alpha, programs)
+            ordinary = view.ordinary
+            depth, rate, terms = lane_probe_terms(means, weights, request.room, ordinary, price, self.alpha,
+                                                  view.programs)
             if terms:
                 term = min(terms, key=term_rank_key)  # min keeps the first of equal keys, as a stable sort
                 found.append(_LaneBest(term_rank_key(term), means, weights, ordinary, depth, rate, term))
         return found
 
-    def _source_view(self, decision: Decision, source: str) -> tuple[list[WidthProgram], WidthProgram]:
+    def _source_view(self, decision: Decision, source: str) -> "_SourceView":
         """``_programs`` and ``_ordinary`` of one decision and source, built once (the same for every lane)."""
         if self._programs_for is not decision:
             self._programs_for, self._by_source = decision, {}
         found = self._by_source.get(source)
         if found is None:
-            found = self._by_source[source] = (self._programs(source, decision.timings),
-                                               self._ordinary(decision.winner, source))
+            found = self._by_source[source] = _SourceView.of(self._programs(source, decision.timings),
+                                                             self._ordinary(decision.winner, source))
         return found
 
     def _programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
@@ -288,6 +304,47 @@ class Explorer:
                            expected_tokens=min(float(probe.lane.remaining_output), probe.optimistic_rate
                                                * probe.program.duration_ns / 1e6 / probe.lane.token_value))
         return pol.Choice(graph, (lane,), timing, probe.optimistic_rate, 0.0, None)
+
+
+@dataclass(frozen=True, slots=True)
+class _SourceView:
+    """One decision's probe programs of one source, and the winner as a lane of that source sees it.
+
+    ``full_depths`` is ``depths_with_room`` for a lane with room to spare
+    (more than ``deepest`` + 1 tokens), where every program offers its whole
+    draft cap: most lanes, so it is computed once per decision.
+    """
+
+    programs: list[WidthProgram]
+    ordinary: WidthProgram
+    deepest: int  # the largest draft cap min(W - 1, D) among the programs and the ordinary one
+    full_depths: tuple[int, list[tuple[int, int]]]
+
+    @classmethod
+    def of(cls, programs: list[WidthProgram], ordinary: WidthProgram) -> "_SourceView":
+        deepest = max(_draft_cap(p) for p in (ordinary, *programs))
+        return cls(programs, ordinary, deepest, _depths_with_room(programs, ordinary, deepest + 2))
+
+    def depths_with_room(self, room: int) -> tuple[int, list[tuple[int, int]]]:
+        return _depths_with_room(self.programs, self.ordinary, room)
+
+
+def _draft_cap(program: WidthProgram) -> int:
+    """Drafts the program verifies for a lane whose room never binds: min(W - 1, D)."""
+    return max(0, min(program.width - 1, program.proposal_depth))
+
+
+def _depths_with_room(programs: Sequence[WidthProgram], ordinary: WidthProgram,
+                      room: int) -> tuple[int, list[tuple[int, int]]]:
+    """For a lane of ``room`` output tokens: the ordinary depth, and (depth, duration) of each
+    program that adds depth and leaves output to learn for (``lane_probe_terms``'s filter)."""
+    ordinary_depth = ordinary.offered_depth(room)
+    deeper = []
+    for program in programs:
+        depth = program.offered_depth(room)
+        if depth > ordinary_depth and depth + 1 < room:
+            deeper.append((depth, program.duration_ns))
+    return ordinary_depth, deeper
 
 
 @dataclass(frozen=True, slots=True)
