@@ -24,7 +24,7 @@ planning pays for exploration only while credit waits for a candidate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from helios.scheduler import policy as pol
@@ -133,8 +133,8 @@ class Explorer:
             if stale_alternatives(cost, {k: c.score for k, c in alternatives.items()}, decision.now_ns):
                 return True
         learn = accounts.can_begin(SelectionReason.ACCEPTANCE_LEARNING) and not self.fixed_width
-        return learn and any(self._lane_bests(decision, request, price)
-                             for _, request, price, _ in self._probe_lanes(decision, subject))
+        return learn and any(self._lane_bests(decision, subject(lane.handle), lane.price)
+                             for lane in self._probe_lanes(decision))
 
     # -- timing refresh (D7) -------------------------------------------------
 
@@ -175,41 +175,40 @@ class Explorer:
         sort over all lanes in lane order does. Lanes are compared by their
         terms' rank keys; only the winner becomes a ``ProbeCandidate``.
         """
-        lanes = list(self._probe_lanes(decision, subject))
-        bounds = [self._gain_bound(decision, request, price, gains) for _, request, price, gains in lanes]
-        best = None  # (rank key, lane position, candidate position, lane best)
+        lanes = self._probe_lanes(decision)
+        bounds = [self._gain_bound(decision, lane) for lane in lanes]
+        best = None  # (rank key, lane position, candidate position, lane best, request)
         for position in sorted((i for i, b in enumerate(bounds) if b is not None), key=lambda i: -bounds[i]):
             if best is not None and bounds[position] < -best[0][0]:
                 break
-            _, request, price, _ = lanes[position]
-            for at, found in enumerate(self._lane_bests(decision, request, price)):
-                entry = (found.key, position, at, found)
+            lane = lanes[position]
+            request = subject(lane.handle)
+            for at, found in enumerate(self._lane_bests(decision, request, lane.price)):
+                entry = (found.key, position, at, found, request)
                 if best is None or entry[:3] < best[:3]:
                     best = entry
         if best is None:
             return None
-        handle, request, price, _ = lanes[best[1]]
-        return best[3].candidate(request.room, price, self.alpha), handle
+        _, position, _, found, request = best
+        return found.candidate(request.room, lanes[position].price, self.alpha), lanes[position].handle
 
-    def _gain_bound(self, decision: Decision, request: ProbeSubject, price: float,
-                    gains: Mapping[str, Sequence[float]]) -> float | None:
+    def _gain_bound(self, decision: Decision, lane: "_PricedLane") -> float | None:
         """At least the gain per ms of any probe of the lane; None when it has none.
 
         A probe's expected output is at most its ordinary depths' expected
         output plus one token per added draft (optimism never exceeds one);
         the ordinary rate is that same ordinary expected output. Both come
-        from ``gains``, the lane's selection gains (``cumulative_gains`` of the
-        means the probe reads), summed in another order than the probe sums
-        them, so the bound widens each side by ``BOUND_MARGIN``, far beyond
-        any rounding. Without gains, the ordinary output is bounded by one
-        token and each ordinary draft by one.
+        from the lane's selection gains (``cumulative_gains`` of the means the
+        probe reads), summed in another order than the probe sums them, so
+        the bound widens each side by ``BOUND_MARGIN``, far beyond any
+        rounding. Without gains, the ordinary output is bounded by one token
+        and each ordinary draft by one.
         """
-        winner_ns, room = decision.winner.timing.duration_ns, request.room
+        winner_ns, room, price = decision.winner.timing.duration_ns, lane.room, lane.price
         bound = None
-        for source in request.estimates:
+        for source, selected in lane.gains.items():
             view = self._source_view(decision, source)
             ordinary_depth, deeper = view.full_depths if room > view.deepest + 1 else view.depths_with_room(room)
-            selected = gains.get(source)
             if selected is not None and ordinary_depth < len(selected):
                 low = high = 1.0 + selected[ordinary_depth]
             else:
@@ -221,15 +220,22 @@ class Explorer:
                 bound = gain if bound is None else max(bound, gain)
         return bound
 
-    def _probe_lanes(self, decision: Decision, subject) -> Iterator[tuple]:
-        """The winner's priced decode lanes, in lane order: (handle, request, token price, selection gains per source)."""
+    def _probe_lanes(self, decision: Decision) -> list["_PricedLane"]:
+        """The winner's priced decode lanes, in lane order, read from the decision's population.
+
+        The room is the one ``subject`` reports (both read the request at
+        this decision); a lane's proposal sources are the keys of its gains.
+        """
         d = decision.population.decoders
-        prices = dict(zip(d.handle, d.token_price))
-        gains = dict(zip(d.handle, d.gains)) if len(d.gains) == len(d) else {}
+        at = {h: i for i, h in enumerate(d.handle)}
+        kept = len(d.gains) == len(d)  # the core keeps them; otherwise bounds fall back to the loose form
+        out = []
         for lane in decision.winner.lanes:
-            price = prices.get(lane.handle, 0.0)
-            if lane.phase is LanePhase.DECODE and price > 0:
-                yield lane.handle, subject(lane.handle), price, gains.get(lane.handle, {})
+            i = at.get(lane.handle)
+            if lane.phase is LanePhase.DECODE and i is not None and d.token_price[i] > 0:
+                gains = d.gains[i] if kept else dict.fromkeys(d.survival[i])
+                out.append(_PricedLane(lane.handle, d.token_price[i], d.room[i], gains))
+        return out
 
     def _lane_bests(self, decision: Decision, request: ProbeSubject, price: float) -> list["_LaneBest"]:
         """One lane's best probe per source, in source order (an empty list: the lane has none).
@@ -304,6 +310,16 @@ class Explorer:
                            expected_tokens=min(float(probe.lane.remaining_output), probe.optimistic_rate
                                                * probe.program.duration_ns / 1e6 / probe.lane.token_value))
         return pol.Choice(graph, (lane,), timing, probe.optimistic_rate, 0.0, None)
+
+
+@dataclass(slots=True)
+class _PricedLane:
+    """A decode lane of the winner as the probe search first reads it, before its request is consulted."""
+
+    handle: RequestHandle
+    price: float  # token price (> 0)
+    room: int  # output tokens it may still commit
+    gains: Mapping[str, Sequence[float] | None]  # per proposal source: its selection gains, None if not kept
 
 
 @dataclass(frozen=True, slots=True)
