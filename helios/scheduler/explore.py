@@ -195,27 +195,30 @@ class Explorer:
     def _gain_bound(self, decision: Decision, lane: "_PricedLane") -> float | None:
         """At least the gain per ms of any probe of the lane; None when it has none.
 
-        A probe's expected output is at most its ordinary depths' expected
-        output plus one token per added draft (optimism never exceeds one);
-        the ordinary rate is that same ordinary expected output. Both come
-        from the lane's selection gains (``cumulative_gains`` of the means the
-        probe reads), summed in another order than the probe sums them, so
-        the bound widens each side by ``BOUND_MARGIN``, far beyond any
-        rounding. Without gains, the ordinary output is bounded by one token
-        and each ordinary draft by one.
+        A probe's expected output is its ordinary depths' expected output
+        plus, per added draft, at most the survival reached at the ordinary
+        depth (the estimates stay nonincreasing, and optimism is capped by that
+        envelope); the ordinary rate is that same ordinary expected output.
+        Both come from the lane's selection means and gains (what the probe
+        reads, summed in another order), so the bound widens each side by
+        ``BOUND_MARGIN``, far beyond any rounding. Without them, the ordinary
+        output is bounded by one token, and each draft by one.
         """
         winner_ns, room, price = decision.winner.timing.duration_ns, lane.room, lane.price
         bound = None
         for source, selected in lane.gains.items():
             view = self._source_view(decision, source)
             ordinary_depth, deeper = view.full_depths if room > view.deepest + 1 else view.depths_with_room(room)
-            if selected is not None and ordinary_depth < len(selected):
+            means = lane.survival.get(source)
+            if selected is not None and means is not None and ordinary_depth < len(selected) <= len(means) + 1:
                 low = high = 1.0 + selected[ordinary_depth]
+                added = means[ordinary_depth - 1] ** self.alpha if ordinary_depth else 1.0
             else:
-                low, high = 1.0, 1.0 + ordinary_depth
+                low, high, added = 1.0, 1.0 + ordinary_depth, 1.0
             floor = price * low * (1.0 - BOUND_MARGIN) * NS_PER_MS / winner_ns
             for depth, duration_ns in deeper:
-                rate = price * (high + (depth - ordinary_depth)) * (1.0 + BOUND_MARGIN) * NS_PER_MS / duration_ns
+                rate = (price * (high + (depth - ordinary_depth) * added) * (1.0 + BOUND_MARGIN)
+                        * NS_PER_MS / duration_ns)
                 gain = (rate - floor) * (1.0 + BOUND_MARGIN) * NS_PER_MS / duration_ns
                 bound = gain if bound is None else max(bound, gain)
         return bound
@@ -234,7 +237,7 @@ class Explorer:
             i = at.get(lane.handle)
             if lane.phase is LanePhase.DECODE and i is not None and d.token_price[i] > 0:
                 gains = d.gains[i] if kept else dict.fromkeys(d.survival[i])
-                out.append(_PricedLane(lane.handle, d.token_price[i], d.room[i], gains))
+                out.append(_PricedLane(lane.handle, d.token_price[i], d.room[i], gains, d.survival[i]))
         return out
 
     def _lane_bests(self, decision: Decision, request: ProbeSubject, price: float) -> list["_LaneBest"]:
@@ -320,6 +323,7 @@ class _PricedLane:
     price: float  # token price (> 0)
     room: int  # output tokens it may still commit
     gains: Mapping[str, Sequence[float] | None]  # per proposal source: its selection gains, None if not kept
+    survival: Mapping[str, Sequence[float]]  # per proposal source: its selection means (nonincreasing)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,231 @@
+"""The shortcuts that make ``plan()`` fast decide exactly what the plain computations decide.
+
+Each test puts one shortcut against a reference written here, without it:
+
+- the probe search's gain bounds (read from selection gains) never prune the
+  probe that ranking every lane's candidates together puts first (D8, S9);
+- ``CatalogTiming`` keeps each family's fastest program per batch capacity
+  (U5's reference interval) current per observation, as a fresh scan finds it,
+  and keeps its timing list when an observation changes nothing (D2);
+- the winner's decode lanes carry the expected tokens S5 defines, from the
+  comprehension that replaced a per-lane call (A10 projects them).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from exhaustive import EXAMPLES, expected_tokens
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sched_harness import MS, decode, mixed, spec
+
+from helios.scheduler import policy as pol
+from helios.scheduler.catalog_timing import CatalogTiming
+from helios.scheduler.cost import CostModel
+from helios.scheduler.explore import Decision, Explorer, ProbeSubject
+from helios.scheduler.learning import ProbeLane, best_probe
+from helios.scheduler.service import DeliveryFamily, token_normalizer
+from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
+from helios.scheduler.types import GENERATION_KINDS, LanePhase, PlannedLane, RequestHandle
+
+MAX_DEPTH = 5
+CATALOG = [decode(1), decode(4), spec(1, 2), spec(4, 2), spec(1, 3), spec(2, 4), spec(1, 6), spec(4, 6)]
+
+
+# ---------------------------------------------------------------------------
+# D8: bounded probe search == ranking every lane's candidates
+# ---------------------------------------------------------------------------
+
+
+def _estimates(rng: random.Random) -> PrefixSurvival:
+    depths = [PrefixEstimate(rng.choice([rng.random(), 1.0, 0.0]), rng.choice([rng.uniform(0, 128), 2.0, 0.01]))
+              for _ in range(rng.randint(0, MAX_DEPTH))]
+    return PrefixSurvival(depths=depths, prior_weight=rng.uniform(0.001, 2.0))
+
+
+def _selection(estimates: PrefixSurvival, alpha: float) -> tuple[dict, dict]:
+    """What the core keeps per request (``_refresh_survival``): the nonincreasing means and their gains."""
+    means, envelope = [], 1.0
+    for depth in range(1, MAX_DEPTH + 1):
+        envelope = min(envelope, estimates.survival(depth))
+        means.append(envelope)
+    return {"learned": tuple(means)}, {"learned": pol.cumulative_gains(means, alpha)}
+
+
+def _probe_case(seed: int):
+    rng = random.Random(seed)
+    alpha = rng.choice([1.0, 0.5, 2.0])
+    timings = [pol.GraphTiming(int(rng.uniform(2, 12) * MS), True) for _ in CATALOG]
+    winner_index = rng.choice([0, 1, 3])  # width one, or a width-two program of the lanes' source
+    lanes, dec, requests = [], pol.Decoders(), {}
+    price_pool = [rng.uniform(0.1, 5) for _ in range(3)]  # shared prices make equal gains, so ties
+    for slot in range(rng.randint(1, 12)):
+        handle = RequestHandle(slot, slot + 1)
+        estimates = _estimates(rng)
+        room = rng.choice([rng.randint(1, 9), 10_000])
+        dec.handle.append(handle)
+        dec.token_price.append(rng.choice(price_pool + [0.0]))
+        dec.room.append(room)
+        survival, gains = _selection(estimates, alpha)
+        dec.survival.append(survival)
+        dec.gains.append(gains)
+        for column in (dec.delivery_price, dec.age_credit, dec.age_slope):
+            column.append(0.0)
+        dec.recency.append(slot)
+        requests[handle] = ProbeSubject(room, {"learned": estimates})
+        lanes.append(PlannedLane(handle, LanePhase.DECODE, query_length=1))
+    winner = pol.Choice(CATALOG[winner_index], tuple(lanes), timings[winner_index], 1.0, 0.0, None)
+    decision = Decision(winner, timings, pol.Population(dec, pol.Prompters(), 0.0, alpha), 0)
+    return decision, requests, alpha
+
+
+def _ranked_over_every_lane(explorer: Explorer, decision: Decision, requests, alpha: float):
+    """The reference: every priced lane's candidates, ranked together (``learning.best_probe``)."""
+    programs = explorer._programs("learned", decision.timings)
+    ordinary = explorer._ordinary(decision.winner, "learned")
+    d = decision.population.decoders
+    views, handles = [], []
+    for handle, price in zip(d.handle, d.token_price):
+        if price > 0:
+            request = requests[handle]
+            views.append(ProbeLane.from_estimates(request.estimates["learned"], MAX_DEPTH, request.room, ordinary,
+                                                  token_value=price, alpha=alpha))
+            handles.append(handle)
+    found = best_probe(views, programs)
+    if found is None:
+        return None
+    return found, handles[next(i for i, v in enumerate(views) if v is found.lane)]
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_D8_S9_bounded_probe_search_finds_the_probe_ranking_all_lanes_finds(seed):
+    decision, requests, alpha = _probe_case(seed)
+    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=alpha, fixed_width=False)
+    got = explorer._best_probe(decision, requests.__getitem__)
+    want = _ranked_over_every_lane(explorer, decision, requests, alpha)
+    assert (got is None) == (want is None)
+    if want is not None:
+        (found, handle), (expected, expected_handle) = got, want
+        assert handle == expected_handle
+        assert found.rank_key() == expected.rank_key()
+        assert (found.program.key, found.offered_depth, found.optimistic_rate) == (
+            expected.program.key, expected.offered_depth, expected.optimistic_rate)
+
+
+def _uniform_lanes(prices):
+    """Lanes with one well-known first draft and unexplored deeper ones (optimism 1), priced ``prices``."""
+    dec, requests, lanes = pol.Decoders(), {}, []
+    for slot, price in enumerate(prices):
+        handle = RequestHandle(slot, slot + 1)
+        estimates = PrefixSurvival(depths=[PrefixEstimate(0.6, 100.0)], prior_weight=1e-9)
+        survival, gains = _selection(estimates, 1.0)
+        for column, value in ((dec.handle, handle), (dec.token_price, price), (dec.room, 10_000),
+                              (dec.survival, survival), (dec.gains, gains),
+                              (dec.delivery_price, 0.0), (dec.age_credit, 0.0), (dec.age_slope, 0.0), (dec.recency, slot)):
+            column.append(value)
+        requests[handle] = ProbeSubject(10_000, {"learned": estimates})
+        lanes.append(PlannedLane(handle, LanePhase.DECODE, query_length=2))
+    timings = [pol.GraphTiming(int(ms * MS), True) for ms in (3, 4, 5, 6, 4, 5, 6, 8)]
+    winner = pol.Choice(CATALOG[3], tuple(lanes), timings[3], 1.0, 0.0, None)
+    return Decision(winner, timings, pol.Population(dec, pol.Prompters(), 0.0, 1.0), 0), requests
+
+
+def test_D8_probe_gain_bound_is_tight_when_added_drafts_are_unexplored():
+    decision, requests = _uniform_lanes([1.0])
+    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    (lane,) = explorer._probe_lanes(decision)
+    (found,) = explorer._lane_bests(decision, requests[lane.handle], lane.price)
+    gain = -found.key[0]
+    assert gain <= explorer._gain_bound(decision, lane) <= gain * (1 + 1e-8)
+
+
+def test_D8_probe_search_evaluates_only_lanes_whose_bound_reaches_the_best_gain():
+    decision, requests = _uniform_lanes([1.0, 1.0, 1.3, 1.0, 1.0, 1.0])
+    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    asked = []
+    found, handle = explorer._best_probe(decision, lambda h: asked.append(h) or requests[h])
+    assert handle == RequestHandle(2, 3) and asked == [handle]
+
+
+# ---------------------------------------------------------------------------
+# U5 / D2: fastest shapes and timing lists kept current per observation
+# ---------------------------------------------------------------------------
+
+
+def _fresh_scan(graphs, timings, family: DeliveryFamily) -> dict[int, float]:
+    fastest: dict[int, float] = {}
+    for g, t in zip(graphs, timings):
+        if family.serves(g) and t.duration_ns > 0:
+            ms = t.duration_ns / 1e6
+            fastest[g.batch_capacity] = min(ms, fastest.get(g.batch_capacity, ms))
+    return fastest
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.sampled_from([0, 3, 3, 5, 8])), min_size=1, max_size=30),
+       st.booleans())
+def test_U5_D2_fastest_shapes_follow_every_observation(observations, read_early):
+    graphs = [decode(1), decode(4), spec(1, 2), spec(4, 2), spec(4, 3), mixed(2, 64), mixed(4, 64, 2, 1),
+              spec(2, 2, proposal="copy"), spec(4, 4, proposal="copy"), decode(8)]
+    cost = CostModel(ttl_ns=10**15)
+    table = CatalogTiming(graphs, cost)
+    families = [DeliveryFamily(None), DeliveryFamily("learned"), DeliveryFamily("copy")]
+    if read_early:  # families read before any observation must follow later ones too
+        for family in families:
+            table.fastest_shapes(family, table.at(0))
+    for step, (index, ms) in enumerate(observations, start=1):
+        before = table.at(step)
+        cost.observe(graphs[index].cost_key(), ms * MS, 0, step)
+        table.observed(graphs[index].cost_key(), step)
+        timings = table.at(step)
+        if timings == before:
+            assert timings is before  # nothing changed: the same list, so derived caches stay valid
+        for family in families:
+            shapes = table.fastest_shapes(family, timings)
+            assert {s.batch_capacity: s.duration_ms for s in shapes} == _fresh_scan(graphs, timings, family)
+        measured = token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings) if g.kind in GENERATION_KINDS)
+        assert table.normalizer() == (measured if measured is not None else
+                                      token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings)))
+
+
+def test_U5_fastest_shapes_of_another_timing_list_are_scanned_afresh():
+    graphs = [decode(1), decode(4)]
+    table = CatalogTiming(graphs, CostModel(ttl_ns=10**15))
+    own = [pol.GraphTiming(3 * MS, True), pol.GraphTiming(0, True)]  # a scheduler with its own cost model
+    (shape,) = table.fastest_shapes(DeliveryFamily(None), own)
+    assert (shape.batch_capacity, shape.duration_ms) == (1, 3.0)
+
+
+# ---------------------------------------------------------------------------
+# S5 / A10: expected tokens of the winner's lanes
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_S5_A10_winner_lanes_carry_the_expected_tokens_of_their_rows(seed):
+    rng = random.Random(seed)
+    graph = rng.choice([spec(4, 2), spec(4, 4), spec(8, 3), mixed(4, 64, 4, 3)])
+    alpha = rng.choice([1.0, 0.5])
+    dec = pol.Decoders()
+    for slot in range(rng.randint(1, 8)):
+        survival = tuple(sorted((rng.random() for _ in range(MAX_DEPTH)), reverse=True))
+        dec.handle.append(RequestHandle(slot, slot + 1))
+        dec.token_price.append(rng.uniform(0.5, 3))
+        dec.delivery_price.append(rng.uniform(0, 1))
+        dec.age_credit.append(0.0)
+        dec.age_slope.append(0.0)
+        dec.room.append(rng.choice([1, 2, 3, 50]))
+        dec.survival.append({"learned": survival})
+        dec.recency.append(rng.randint(0, 3))
+    population = pol.Population(dec, pol.Prompters(), 0.0, alpha)
+    choice = pol.select([graph], [pol.GraphTiming(5 * MS, True)], population)
+    slot_of = {h: i for i, h in enumerate(dec.handle)}
+    for lane in choice.lanes:
+        i = slot_of[lane.handle]
+        assert lane.query_length == min(pol.describe([graph])[0].width, dec.room[i])
+        assert lane.expected_tokens == pytest.approx(expected_tokens(dec, i, lane.query_length, "learned", alpha),
+                                                     rel=1e-12)
