@@ -115,7 +115,7 @@ class Explorer:
         if pick is None:
             return None
         if pick.reason is SelectionReason.TIMING_REFRESH:
-            return Funded(pick.reason, alternatives[pick.choice.key])
+            return Funded(pick.reason, alternatives[pick.choice.key].choice())
         return Funded(pick.reason, self._probe_choice(decision, pick.choice, probe[1]))
 
     def would_fund(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
@@ -138,14 +138,17 @@ class Explorer:
 
     # -- timing refresh (D7) -------------------------------------------------
 
-    def _stale_choices(self, decision: Decision) -> dict[CostKey, pol.Choice]:
-        """Best cohort of every measured stale program other than the winner, one per cost key."""
+    def _stale_choices(self, decision: Decision) -> dict[CostKey, pol.Evaluated]:
+        """Best cohort of every measured stale program other than the winner, one per cost key.
+
+        Only scores are needed to rank them; the lanes of the one a refresh runs are built then.
+        """
         winner_key = decision.winner.graph.cost_key()
         indices = [i for i in self._stale_indices(decision.timings) if self.keys[i] != winner_key]
         if not indices:
             return {}
-        found = pol.evaluate(self.graphs, decision.timings, decision.population, self.infos, indices)
-        best: dict[CostKey, pol.Choice] = {}
+        found = pol.evaluate_scores(self.graphs, decision.timings, decision.population, self.infos, indices)
+        best: dict[CostKey, pol.Evaluated] = {}
         for index, choice in found.items():
             key = self.keys[index]
             if key not in best or choice.score > best[key].score:

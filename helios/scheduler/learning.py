@@ -201,7 +201,8 @@ def _probe_terms(lane: ProbeLane, programs: Iterable[WidthProgram]) -> tuple[int
 
 
 def lane_probe_terms(means: Sequence[float], weights: Sequence[float], remaining_output: int, ordinary: WidthProgram,
-                     token_value: float, alpha: float, programs: Iterable[WidthProgram]) -> tuple[int, float, list[tuple]]:
+                     token_value: float, alpha: float,
+                     programs: Iterable[WidthProgram]) -> tuple[int, float, list[tuple]]:
     """``_probe_terms`` of a variable-width lane given by ``ProbeLane``'s fields, without building one.
 
     A decision's probe search reads every decode lane of the winner; it

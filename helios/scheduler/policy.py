@@ -841,7 +841,8 @@ def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> N
     ranked, tokens = prompts
     has_row = len(ranked) > 0 and group.prefill_capacity > 0
     row_value, row = (ranked.prefix[1], ranked.order[0]) if has_row else (0.0, None)
-    prefix, slopes, n, active = untimed.ranked.prefix, untimed.slope_prefix, len(untimed.members), sel.pop.active_age_price
+    prefix, slopes, n = untimed.ranked.prefix, untimed.slope_prefix, len(untimed.members)
+    active = sel.pop.active_age_price
     for index, batch in group.batches:
         duration_ns = timings[index].duration_ns
         t_ms = duration_ns / 1e6 if duration_ns > 0 else None
@@ -1101,6 +1102,35 @@ def evaluate(
     programs that did not win; graphs with nothing to run are left out.
     ``log_scale`` is 0: callers scale by the winning decision's factor.
     """
+    found = evaluate_scores(graphs, timings, population, infos, indices)
+    return {index: evaluated.choice() for index, evaluated in found.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluated:
+    """One graph's own best cohort, scored; its lanes are built only when its ``Choice`` is asked for."""
+
+    candidate: _Candidate
+
+    @property
+    def score(self) -> float:
+        return self.candidate.score
+
+    def choice(self) -> Choice:
+        c = self.candidate
+        lanes, prefill_row = c.build()
+        return Choice(c.graph, lanes, c.timing, c.score, 0.0, prefill_row)
+
+
+def evaluate_scores(
+    graphs: Sequence[GraphDescriptor],
+    timings: Sequence[GraphTiming],
+    population: Population,
+    infos: Sequence[GraphInfo],
+    indices: Sequence[int],
+) -> dict[int, Evaluated]:
+    """``evaluate`` without building lanes: timing refresh ranks every stale program by its
+    score and runs one, so only that one needs its cohort's lanes (64 per program at most)."""
     sel = _Selector(population, infos)
     scored = _Scored(sel, graphs, timings)
     out = {}
@@ -1113,8 +1143,7 @@ def evaluate(
         elif c is not None:
             c = scored.candidate(c)
         if c is not None:
-            lanes, prefill_row = c.build()
-            out[index] = Choice(graph, lanes, c.timing, c.score, 0.0, prefill_row)
+            out[index] = Evaluated(c)
     return out
 
 

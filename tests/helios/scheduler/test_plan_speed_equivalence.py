@@ -124,7 +124,8 @@ def _uniform_lanes(prices):
         survival, gains = _selection(estimates, 1.0)
         for column, value in ((dec.handle, handle), (dec.token_price, price), (dec.room, 10_000),
                               (dec.survival, survival), (dec.gains, gains),
-                              (dec.delivery_price, 0.0), (dec.age_credit, 0.0), (dec.age_slope, 0.0), (dec.recency, slot)):
+                              (dec.delivery_price, 0.0), (dec.age_credit, 0.0), (dec.age_slope, 0.0),
+                              (dec.recency, slot)):
             column.append(value)
         requests[handle] = ProbeSubject(10_000, {"learned": estimates})
         lanes.append(PlannedLane(handle, LanePhase.DECODE, query_length=2))
@@ -229,3 +230,25 @@ def test_S5_A10_winner_lanes_carry_the_expected_tokens_of_their_rows(seed):
         assert lane.query_length == min(pol.describe([graph])[0].width, dec.room[i])
         assert lane.expected_tokens == pytest.approx(expected_tokens(dec, i, lane.query_length, "learned", alpha),
                                                      rel=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# D7: stale programs are ranked by score; only the refreshed one builds lanes
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_D7_scores_without_lanes_match_the_full_evaluation(seed):
+    rng = random.Random(seed)
+    graphs = CATALOG + [mixed(2, 64), mixed(4, 64, 2, 1)]
+    timings = [pol.GraphTiming(rng.choice([0, int(rng.uniform(2, 9) * MS)]), rng.random() < 0.5) for _ in graphs]
+    decision, _, alpha = _probe_case(seed)
+    infos = pol.describe(graphs)
+    indices = rng.sample(range(len(graphs)), rng.randint(1, len(graphs)))
+    full = pol.evaluate(graphs, timings, decision.population, infos, indices)
+    lazy = pol.evaluate_scores(graphs, timings, decision.population, infos, indices)
+    assert full.keys() == lazy.keys()
+    for index, choice in full.items():
+        assert lazy[index].score == choice.score
+        assert lazy[index].choice() == choice
