@@ -239,16 +239,18 @@ def test_S5_A10_winner_lanes_carry_the_expected_tokens_of_their_rows(seed):
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(st.integers(0, 2**32 - 1))
-def test_D7_scores_without_lanes_match_the_full_evaluation(seed):
+def test_D7_scores_without_lanes_match_each_program_selected_alone(seed):
+    """A stale program's refresh score is its own best cohort: what selection finds on it alone."""
     rng = random.Random(seed)
     graphs = CATALOG + [mixed(2, 64), mixed(4, 64, 2, 1)]
     timings = [pol.GraphTiming(rng.choice([0, int(rng.uniform(2, 9) * MS)]), rng.random() < 0.5) for _ in graphs]
-    decision, _, alpha = _probe_case(seed)
-    infos = pol.describe(graphs)
+    decision, _, _ = _probe_case(seed)
+    population = decision.population
     indices = rng.sample(range(len(graphs)), rng.randint(1, len(graphs)))
-    full = pol.evaluate(graphs, timings, decision.population, infos, indices)
-    lazy = pol.evaluate_scores(graphs, timings, decision.population, infos, indices)
-    assert full.keys() == lazy.keys()
-    for index, choice in full.items():
-        assert lazy[index].score == choice.score
-        assert lazy[index].choice() == choice
+    scored = pol.evaluate_scores(graphs, timings, population, pol.describe(graphs), indices)
+    for index in indices:
+        alone = pol.select([graphs[index]], [timings[index]], population)
+        assert (index in scored) == (alone is not None)
+        if alone is not None:
+            assert scored[index].score == alone.score
+            assert scored[index].choice().lanes == alone.lanes
