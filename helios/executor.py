@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from helios.frame_outputs import FrameOutputs, read_outputs
+from helios.ops.layout import NO_PAGE
 from helios.pages import PageAllocator, PageLayout
 from helios.scheduler import rounds
 from helios.scheduler.types import (
@@ -96,14 +97,19 @@ class FrameResult:
 
 
 class PageTable:
-    """The host copy of the ``page_table`` input, kept in step with the allocator."""
+    """The host copy of the ``page_table`` input, kept in step with the allocator.
+
+    Entries a slot does not own hold ``NO_PAGE``: page 0 is a real page, so a
+    zero would let a frame that outran its reservation write another slot's
+    cache silently; the ops refuse a negative entry instead.
+    """
 
     def __init__(self, layout: PageLayout) -> None:
-        self.tensor = torch.zeros(layout.request_slots, layout.max_pages_per_slot, dtype=torch.int32)
+        self.tensor = torch.full((layout.request_slots, layout.max_pages_per_slot), NO_PAGE, dtype=torch.int32)
 
     def sync(self, allocator: PageAllocator, slot: int) -> None:
         pages = allocator.slot_pages(slot)
-        self.tensor[slot].zero_()
+        self.tensor[slot].fill_(NO_PAGE)
         if pages:
             self.tensor[slot, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
 

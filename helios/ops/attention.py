@@ -59,6 +59,8 @@ def _row_context(k_layer, v_layer, page_table, row: PackedRows):
     if used > page_table.shape[1] or not 0 <= row.slot < page_table.shape[0]:
         slot_positions(page_table, page_size, row, 0, row.end)  # raises the descriptive error
     pages = page_table[row.slot, :used].long()
+    if bool((pages < 0).any()):
+        slot_positions(page_table, page_size, row, 0, row.end)  # names the missing block
     k = k_layer[pages].flatten(0, 1)[: row.end]
     v = v_layer[pages].flatten(0, 1)[: row.end]
     return k, v

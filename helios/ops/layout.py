@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import torch
 
 
+NO_PAGE = -1  # a page-table entry the slot does not own (page 0 is a real page)
+
+
 @dataclass(frozen=True, slots=True)
 class PackedRows:
     """One active row of a packed frame."""
@@ -57,4 +60,10 @@ def slot_positions(page_table: torch.Tensor, page_size: int, row: PackedRows, fi
         )
     positions = torch.arange(first, stop, dtype=torch.long)
     pages = page_table[row.slot].long()[positions // page_size]
+    if bool((pages < 0).any()):
+        block = int((positions // page_size)[pages < 0][0])
+        raise ValueError(
+            f"row {row.row}: slot {row.slot} has no page for block {block} (positions {first}..{stop - 1}); "
+            "the host must reserve every page a frame writes or reads before submitting it"
+        )
     return pages, positions % page_size

@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 
+from helios.ops.layout import NO_PAGE
+
 import helios.ops  # noqa: F401  (registers flare::)
 
 LAYERS, PAGES, PAGE, KV_HEADS, HEADS, DIM = 2, 24, 4, 2, 4, 8
@@ -123,6 +125,22 @@ def test_write_kv_rejects_context_beyond_the_slot_capacity():
         torch.ops.flare.write_kv(
             k_cache, v_cache, 0, k, k, page_table, one, one * 2, one * (MAX_PAGES * PAGE - 1)
         )
+
+
+def test_S3_ops_refuse_a_block_the_slot_does_not_own():
+    """A frame that outran its reservation fails loudly instead of writing page 0 (another slot's)."""
+    k_cache, v_cache = _empty_cache()
+    page_table = _page_table(torch.Generator().manual_seed(0))
+    page_table[1, 1:] = NO_PAGE  # slot 1 owns only its first block
+    k = torch.ones(2, KV_HEADS, DIM)
+    slot, two = torch.ones(1, dtype=torch.int32), torch.full((1,), 2, dtype=torch.int32)
+    start = torch.full((1,), PAGE - 1, dtype=torch.int32)  # the second token falls in block 1
+    with pytest.raises(ValueError, match="slot 1 has no page for block 1"):
+        torch.ops.flare.write_kv(k_cache, v_cache, 0, k, k, page_table, slot, two, start)
+    assert not k_cache.any()
+    q = torch.ones(2, HEADS, DIM)
+    with pytest.raises(ValueError, match="slot 1 has no page for block 1"):
+        torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, page_table, slot, two, start, 1.0)
 
 
 def test_ops_pass_opcheck():
