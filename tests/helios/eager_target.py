@@ -18,7 +18,8 @@ def _target():
     from ignition.models.qwen3 import Qwen3
     from ignition.recipes import load_recipe
 
-    checkpoint = load_checkpoint(load_recipe("flare-tiny").resolve().checkpoint_folder())
+    recipe = load_recipe("flare-tiny").resolve()
+    checkpoint = load_checkpoint(recipe.checkpoint_folder(), getattr(torch, recipe.dtype))  # as capture loads it
     return checkpoint, Qwen3(checkpoint.config)
 
 

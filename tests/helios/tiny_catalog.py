@@ -70,7 +70,8 @@ def _checkpoint():
     from ignition.recipes import load_recipe
 
     recipe = load_recipe("flare-tiny").resolve()
-    return load_checkpoint(recipe.checkpoint_folder()), load_checkpoint(recipe.draft.checkpoint)
+    dtype = getattr(torch, recipe.dtype)  # the shipped files are bf16; capture converts to the recipe dtype
+    return load_checkpoint(recipe.checkpoint_folder(), dtype), load_checkpoint(recipe.draft.checkpoint, dtype)
 
 
 def eager_programs(catalog):

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from helios.catalog import FORMAT_VERSION
 from ignition.capture import write_catalog
 from ignition.capture.stand_in import stand_in_source
 from ignition.cli import app
@@ -52,7 +53,7 @@ def test_capture_then_inspect_json_reports_the_catalog(captured):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["counts_by_kind"] == {"decode": 1, "prefill": 1, "scored_prefill": 1}
-    assert report["format_version"] == 1 and report["recipe"]["name"] == "flare-tiny"
+    assert report["format_version"] == FORMAT_VERSION and report["recipe"]["name"] == "flare-tiny"
     assert report["envelope"]["request_slots"] == 1 and report["envelope"]["draft_depth"] == 0
 
 
@@ -105,7 +106,7 @@ def test_inspect_refuses_another_format_version(stand_in):
     raw = yaml.safe_load((stand_in / "catalog.yaml").read_text())
     raw["format_version"] = 7
     (stand_in / "catalog.yaml").write_text(yaml.safe_dump(raw))
-    assert_one_line_error(invoke("inspect", stand_in), "version 7", "version 1")
+    assert_one_line_error(invoke("inspect", stand_in), "version 7", f"version {FORMAT_VERSION}")
 
 
 def test_capture_refuses_a_missing_checkpoint_folder(tmp_path):

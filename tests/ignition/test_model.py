@@ -134,9 +134,9 @@ def test_bundled_checkpoint_loads_in_transformers_and_matches(role):
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).float().eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     ids = tokenizer("Flare <|im_end|>")["input_ids"]
-    assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>") == 258
-    ckpt = load_checkpoint(folder)
-    assert ckpt.config.sampled_vocab_size == len(tokenizer) == 259
+    assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")  # the special token survives encoding
+    ckpt = load_checkpoint(folder, torch.float32)  # shipped in bf16; compared in fp32 as capture runs it
+    assert ckpt.config.sampled_vocab_size == len(tokenizer)
     model = Qwen3(ckpt.config)
     c = ckpt.config
     cache = [torch.zeros(c.num_layers, SLOTS * MAX_PAGES, PAGE, c.num_kv_heads, c.head_dim) for _ in range(2)]

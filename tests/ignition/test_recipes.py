@@ -121,7 +121,7 @@ def test_missing_recipe_file_says_so(tmp_path):
         (lambda d: d.update(kv_page_size=12), "kv_page_size", "power of two"),
         (lambda d: d["capacity"].update(speculative_token_capacity=0), "capacity.speculative_token_capacity",
          "integer >= 1"),
-        (lambda d: d["target"]["dimensions"].update(num_key_value_heads=3), "target.dimensions",
+        (lambda d: d["target"]["dimensions"].update(num_key_value_heads=4), "target.dimensions",
          "multiple of num_key_value_heads"),
         (lambda d: d["target"]["dimensions"].update(hidden_size=0), "target.dimensions.hidden_size", "positive"),
         (lambda d: d["target"]["dimensions"].pop("vocab_size"), "target.dimensions.vocab_size", "missing"),
@@ -215,7 +215,7 @@ def test_broken_config_json(tmp_path):
 
 
 def test_model_flag_must_match_declared_dimensions(tmp_path):
-    with pytest.raises(RecipeError, match=r"vocab_size is 512 but recipe 'flare-tiny' declares 320.*'qwen3' recipe"):
+    with pytest.raises(RecipeError, match=r"vocab_size is 512 but recipe 'flare-tiny' declares 4096.*'qwen3' recipe"):
         load_recipe("flare-tiny").resolve(write_checkpoint(tmp_path / "ckpt"))
 
 

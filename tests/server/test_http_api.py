@@ -629,7 +629,9 @@ def test_checkpoint_tokenizer_on_the_bundled_files():
     assert isinstance(tokenizer, EngineTokenizer)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hé"}])
     ids = tokenizer.encode(prompt, add_special_tokens=False)
-    # byte-level: one id per byte, and each chat marker is a single special token
-    assert len(ids) == len("user\nhé\nassistant\n".encode()) + 3
+    # each chat marker is one special token; the text between them round-trips byte for byte
+    markers = {tokenizer.encode(m, add_special_tokens=False)[0] for m in ("<|im_start|>", "<|im_end|>")}
+    assert sum(i in markers for i in ids) == 3
     assert tokenizer.decode(ids) == "user\nhé\nassistant\n"
-    assert tokenizer.vocab_size == 259
+    assert tokenizer.vocab_size == len(json.loads((REPO / "ignition/models/bundled/flare-tiny/target/tokenizer.json")
+                                                  .read_text())["model"]["vocab"])

@@ -68,12 +68,27 @@ def tokens_in(text: str) -> int:
 
 
 def text_of(tokens: int, seed: int) -> str:
-    """ASCII text of ``tokens`` characters (about as many tokens: the bundled tokenizer is byte-level)."""
+    """Text of exactly ``tokens`` tokens of the bundled tokenizer (words, cut a character at a time)."""
     rng = random.Random(seed)
     words = []
-    while sum(len(w) + 1 for w in words) < tokens:
-        words.append(rng.choice(WORDS))
-    return " ".join(words)[:tokens]
+    while _token_count(" ".join(words)) < tokens:
+        words.extend(rng.choice(WORDS) for _ in range(max(1, (tokens - _token_count(" ".join(words))) // 2)))
+    text = " ".join(words)
+    while _token_count(text) > tokens:
+        text = text[:-1]
+    assert _token_count(text) == tokens, "no cut of the word list has exactly that many tokens"
+    return text
+
+
+@functools.cache
+def _bundled_tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(REPO / "ignition/models/bundled/flare-tiny/target/tokenizer.json"))
+
+
+def _token_count(text: str) -> int:
+    return len(_bundled_tokenizer().encode(text, add_special_tokens=False).ids)
 
 
 # ---------------------------------------------------------------------------
