@@ -20,7 +20,6 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from helios.catalog import load
 from helios.engine import EngineConfig, HeliosEngine
 from helios.engine_api import GenerationRequest, SamplingParams
 from ignition.cli import app as ignition_app
@@ -30,20 +29,9 @@ from ignition.direct.serve import build_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
 from server_process import wait_ready  # noqa: E402
-from tiny_catalog import cache_folder, eager_programs, tiny_catalog_path  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ("The quick brown fox", "Once upon a time, in a land far away,", "1, 2, 3, 4,")
-
-
-@pytest.fixture(scope="module")
-def catalog(request, tmp_path_factory):
-    return load(tiny_catalog_path(cache_folder(request.config, tmp_path_factory)))
-
-
-@pytest.fixture(scope="module")
-def eager(catalog):
-    return eager_programs(catalog)
 
 
 def greedy_outputs(engine, max_tokens: int) -> list[list[int]]:
@@ -132,8 +120,8 @@ def test_debug_serve_without_direct_says_what_to_pass(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_command_serves_over_http_logs_each_decision_and_stops_on_sigterm(request, tmp_path_factory, tmp_path):
-    folder = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
+def test_the_command_serves_over_http_logs_each_decision_and_stops_on_sigterm(catalog, tmp_path):
+    folder = catalog.path
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
