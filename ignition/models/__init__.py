@@ -7,6 +7,6 @@ frame.py           one packed frame: rows, forward, sampling, verification, slot
 proposals.py       the draft's part: learned proposals, prefix_limit allocation, survival, absorption
 packing.py         packed-row geometry (prefix-sum offsets, C14)
 programs.py        GraphDescriptor -> ProgramSpec (module, example args, signature)
-byte_tokenizer.py  the bundled models' byte-level tokenizer
-bundled/           the flare-tiny target and draft checkpoints (scripts/make_bundled_model.py)
+byte_tokenizer.py  a byte-level tokenizer: the chat template and special tokens the bundled BPE reuses
+bundled/           the trained flare-tiny target and draft (scripts/train_bundled_model.py, docs/bundled-model.md)
 """
