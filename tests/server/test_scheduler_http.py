@@ -68,16 +68,28 @@ def tokens_in(text: str) -> int:
 
 
 def text_of(tokens: int, seed: int) -> str:
-    """Text of exactly ``tokens`` tokens of the bundled tokenizer (words, cut a character at a time)."""
+    """Text of exactly ``tokens`` tokens of the bundled tokenizer: whole words while they fit, then
+    one-token fillers (BPE merges make a count reached by cutting characters jump past the target)."""
     rng = random.Random(seed)
-    words = []
-    while _token_count(" ".join(words)) < tokens:
-        words.extend(rng.choice(WORDS) for _ in range(max(1, (tokens - _token_count(" ".join(words))) // 2)))
+    words, estimate = [], 0
+    while estimate < tokens - 8:  # words are separate pre-tokens, so their counts add up (checked below)
+        words.append(rng.choice(WORDS))
+        estimate += _token_count(f" {words[-1]}")
+    while words and _token_count(" ".join(words)) > tokens:
+        words.pop()
     text = " ".join(words)
-    while _token_count(text) > tokens:
-        text = text[:-1]
-    assert _token_count(text) == tokens, "no cut of the word list has exactly that many tokens"
+    while _token_count(text) < tokens:
+        longer = f"{text} {rng.choice(WORDS)}" if text else rng.choice(WORDS)
+        if _token_count(longer) > tokens:
+            break
+        text = longer
+    while _token_count(text) < tokens:
+        text = next(t for t in (text + f for f in FILLERS) if _token_count(t) == _token_count(text) + 1)
+    assert _token_count(text) == tokens
     return text
+
+
+FILLERS = (" x", " a", ".", "x", "!")
 
 
 @functools.cache
