@@ -376,9 +376,7 @@ class Scheduler:
         """The best plan if it may be committed now; None otherwise (A7-A9)."""
         if not self._queue_accepts_more():
             return None
-        timings = self._timings()
-        start_ns = max(self.now_ns, self._frames[-1].end_ns) if self._frames else self.now_ns
-        population = self._population(start_ns, timings)
+        timings, population = self._snapshot()
         choice = pol.select(self.graphs, timings, population, self._infos)
         if choice is None:
             return None
@@ -446,6 +444,15 @@ class Scheduler:
     def _observe_cost(self, key: CostKey, device_ns: int, readiness_ns: int) -> None:
         self.cost.observe(key, device_ns, readiness_ns, self.now_ns)
         self._timing.observed(key, self.now_ns)
+
+    def _queue_end_ns(self) -> int:
+        """When queued work is expected to finish: where the next plan starts (A10)."""
+        return max(self.now_ns, self._frames[-1].end_ns) if self._frames else self.now_ns
+
+    def _snapshot(self) -> tuple[list[pol.GraphTiming], pol.Population]:
+        """The timings and the population a decision is made on, projected to the queue's end."""
+        timings = self._timings()
+        return timings, self._population(self._queue_end_ns(), timings)
 
     def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10)."""
@@ -533,7 +540,7 @@ class Scheduler:
         """Check ownership, epochs, room and feedback dependencies; then submit (A6)."""
         self._check_commit(plan, fence)
         queued = bool(self._frames)
-        start_ns = max(self.now_ns, self._frames[-1].end_ns) if queued else self.now_ns
+        start_ns = self._queue_end_ns()
         participants = tuple(s.handle for s in self._slots if s is not None and s.live)
         normalizer = self._normalizer()
         self._start_unserved_histories(participants, normalizer)

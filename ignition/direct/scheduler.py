@@ -105,9 +105,7 @@ class DirectScheduler(Scheduler):
     def plan(self) -> ScheduledPlan | None:
         if not self._queue_accepts_more():
             return None
-        timings = self._timings()
-        start_ns = max(self.now_ns, self._frames[-1].end_ns) if self._frames else self.now_ns
-        population = self._population(start_ns, timings)
+        timings, population = self._snapshot()
         chunk = select.chunk_program(self.graphs, population.prompters.remaining[0]) if population.prompters else None
         if chunk is not None:
             if self._frames:
