@@ -188,6 +188,11 @@ def main() -> None:
     console = Console(width=max(Console().width, 150))  # the table stays readable when piped
     figures: list[Figures] = []
     began = time.monotonic()
+    grid = configurations(args.catalog, None)
+    names = {c.mode for c in grid} | {c.name.replace(" ", "") for c in grid}
+    if only is not None and only - names:
+        parser.error(f"--configs: {', '.join(sorted(only - names))} not in this catalog's grid; "
+                     f"choose from {', '.join(sorted(names))}")
     with tempfile.TemporaryDirectory(prefix="speculation-figures-") as logs:
         for config in configurations(args.catalog, only):
             console.log(f"{config.name}: starting flare run")
