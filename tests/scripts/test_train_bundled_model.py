@@ -259,3 +259,30 @@ def test_a_time_budget_fixes_the_step_count_after_the_timed_warmup():
     report = train_phase(model, TokenStream(torch.randint(0, 50, (200,))), settings, next_token_loss, lambda _: None)
     assert report.steps == 6  # the budget is spent, so training stops as soon as the count is fixed
     assert report.tokens == 6 * 2 * 8 and report.final_train_loss == report.final_train_loss
+
+
+def test_init_from_continues_the_saved_pair_with_its_tokenizer(tiny_run, tmp_path):
+    """--init-from starts both models from a saved run: a step at learning rate 0 leaves its weights as they were."""
+    root, _ = tiny_run
+    args = tiny_args(root / "corpus", tmp_path, "--init-from", str(root / "model"), "--target-lr", "0", "--draft-lr", "0")
+    args[args.index("--target-steps") + 1] = args[args.index("--draft-steps") + 1] = "1"
+    assert main(args) == 0
+    for name in ("target", "draft"):
+        before, after = load_checkpoint(root / "model" / name), load_checkpoint(tmp_path / "model" / name)
+        assert all(torch.equal(before.weights[k], after.weights[k]) for k in before.weights), name
+        assert (tmp_path / "model" / name / "tokenizer.json").read_text() == \
+            (root / "model" / name / "tokenizer.json").read_text()
+
+
+@pytest.mark.parametrize("problem, words", [("missing", "no target/tokenizer.json"), ("shape", "another shape")])
+def test_init_from_a_wrong_folder_is_one_clear_line_and_exit_2(tiny_run, tmp_path, capsys, problem, words):
+    root, _ = tiny_run
+    folder = tmp_path / "nowhere" if problem == "missing" else root / "model"
+    extra = ["--init-from", str(folder)] + (["--target-shape", "layers=1"] if problem == "shape" else [])
+    args = tiny_args(root / "corpus", tmp_path, *extra)
+    if problem == "shape":  # the later --target-shape overrides the tiny one
+        args[args.index("--target-shape") + 1] = TINY_TARGET.replace("layers=2", "layers=1")
+    assert main(args) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and words in errors[0], errors
+    assert not (tmp_path / "model").exists()
