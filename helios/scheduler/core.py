@@ -50,6 +50,7 @@ from helios.scheduler.explore import Decision, Explorer, ProbeSubject
 from helios.scheduler.refresh import EXPLORATION_REASONS, ExplorationAccounts, ReasonTotals
 from helios.scheduler.service import (
     DeliveryFamily,
+    MIN_RATE_PER_MS,
     FrameService,
     ServiceHistory,
     decay_factor,
@@ -102,6 +103,7 @@ class RequestState:
     acceptance: RequestAcceptance
     admitted_ns: int
     prompt_done: int  # committed prompt position (cached prefix included)
+    output_cap: int  # most output tokens the request may ever commit: min(max_tokens, context - prompt)
     produced: int = 0  # committed output tokens
     survival: dict[str, tuple[float, ...]] = field(default_factory=dict)  # selection means per source
     gains: dict[str, list[float]] = field(default_factory=dict)  # policy.cumulative_gains of each, kept with it
@@ -124,9 +126,8 @@ class RequestState:
         return not (self.cancelled or self.finished)
 
     def room(self) -> int:
-        """Output tokens it may still commit beyond everything already submitted."""
-        r = self.request
-        return rounds.output_room(r.max_tokens, r.context_limit, r.prompt_tokens, self.produced + self.queued_output)
+        """Output tokens it may still commit beyond everything already submitted (``rounds.output_room``)."""
+        return max(0, self.output_cap - self.produced - self.queued_output)
 
     def next_endpoint_distance(self, position: int) -> int:
         remaining = self.request.prompt_tokens - position
@@ -298,6 +299,7 @@ class Scheduler:
             admitted_ns=self.now_ns,
             # at least the last prompt token is computed: it yields the first output
             prompt_done=min(request.cached_tokens, request.prompt_tokens - 1),
+            output_cap=min(request.max_tokens, request.context_limit - request.prompt_tokens),
         )
         self._refresh_survival(state)
         self._slots[slot] = state
@@ -455,27 +457,58 @@ class Scheduler:
         return timings, self._population(self._queue_end_ns(), timings)
 
     def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
-        """Columnar snapshot with prices and ages projected to ``start_ns`` (A10)."""
-        live = sorted((s for s in self._slots if s is not None and s.live), key=_recency)
-        rows = [(s, s.room(), s.prompt_done >= s.request.prompt_tokens) for s in live]  # (state, room, DECODE phase)
-        decoders = [s for s, room, decoding in rows if decoding and room > 0]
-        sigmas = self._reference_intervals(decoders, timings)
-        c, policy, beta = self.policy.decode_age_price, self.policy, self.policy.output_token_value
+        """Columnar snapshot with prices and ages projected to ``start_ns`` (A10).
+
+        Every completion reprices every request, so this runs in full for each
+        selecting plan: it is one pass with the arithmetic of ``RequestState.room``,
+        ``_projected`` and ``price_terms`` written out (the same operations in the
+        same order, so the same floats), because the calls were most of its cost.
+        """
+        live = sorted((s for s in self._slots if s is not None and not (s.cancelled or s.finished)), key=_recency)
+        rooms = [max(0, s.output_cap - s.produced - s.queued_output) for s in live]
+        decoding = [s.prompt_done >= s.request.prompt_tokens for s in live]
+        counts: dict[str | None, int] = {}
+        for s, room, decoder in zip(live, rooms, decoding):
+            if decoder and room > 0:
+                source = s.family.proposal_source
+                counts[source] = counts.get(source, 0) + 1
+        sigmas = self._reference_intervals(counts, timings)
+        policy = self.policy
+        c, beta, f, g = policy.decode_age_price, policy.output_token_value, policy.token_fairness, policy.delivery_fairness
+        frames = [(frame.projection, frame.decay, 1.0 - frame.decay, frame.end_ns) for frame in self._frames]
         dec, prm = pol.Decoders(), pol.Prompters()
-        for s, room, decoder in rows:
+        for s, room, decoder in zip(live, rooms, decoding):
             if (decoder and room <= 0) or (not decoder and s.queued_prompt):
                 continue
-            x, z, delivered_ns = self._projected(s)
+            handle, service = s.handle, s.service
+            x, z, delivered_ns = service.token_rate, service.delivery_rate, None
+            for projection, decay, rest, end_ns in frames:  # projected_rates, per queued frame
+                served = projection.get(handle)
+                if served is None:
+                    continue
+                x = decay * x + rest * served.tokens / served.duration_ms
+                if x < MIN_RATE_PER_MS:
+                    x = MIN_RATE_PER_MS
+                if z is not None:
+                    z = decay * z + rest * served.deliveries / served.duration_ms
+                    if z < MIN_RATE_PER_MS:
+                        z = MIN_RATE_PER_MS
+                elif served.deliveries > 0:
+                    z = served.deliveries / served.duration_ms
+                if served.deliveries:
+                    delivered_ns = end_ns
             sigma = sigmas.get(s.family.proposal_source)
-            # the arithmetic of ServiceHistory.prices, without building a Prices per request
-            congestion, delivery = price_terms(policy, x, z, 1.0 / sigma if sigma else 1.0)
+            if z is None:
+                z = 1.0 / sigma if sigma else 1.0
+            congestion, delivery = f / x, g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS)
             if decoder:
                 reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
                 slope = c * sigma if sigma else 0.0
-                dec.handle.append(s.handle)
+                age_ms = (start_ns - reference) / 1e6
+                dec.handle.append(handle)
                 dec.token_price.append(beta + congestion)
                 dec.delivery_price.append(delivery)
-                dec.age_credit.append(slope * max(0.0, (start_ns - reference) / 1e6))
+                dec.age_credit.append(slope * (age_ms if age_ms > 0.0 else 0.0))
                 dec.age_slope.append(slope)
                 dec.room.append(room)
                 dec.survival.append(s.survival)
@@ -483,14 +516,14 @@ class Scheduler:
                 dec.recency.append(s.last_selected_ns)
             else:
                 position = s.prompt_done
-                prm.handle.append(s.handle)
+                prm.handle.append(handle)
                 prm.start.append(position)
                 prm.remaining.append(s.request.prompt_tokens - position)
                 prm.to_endpoint.append(s.next_endpoint_distance(position))
                 prm.price.append(1.0 + congestion)
                 prm.first_token.append(beta + congestion if room > 0 else 0.0)
                 prm.recency.append(s.last_selected_ns)
-        return pol.Population(dec, prm, c * len(decoders), self.policy.adaptive_verification_alpha)
+        return pol.Population(dec, prm, c * sum(counts.values()), policy.adaptive_verification_alpha)
 
     def _projected(self, state: RequestState) -> tuple[float, float | None, int | None]:
         """Token and delivery rates advanced through queued frames, and the expected delivery time."""
@@ -504,16 +537,13 @@ class Scheduler:
                 delivered = frame.end_ns
         return x, z, delivered
 
-    def _reference_intervals(self, decoders: Sequence[RequestState], timings) -> dict[str | None, float]:
+    def _reference_intervals(self, counts: dict[str | None, int], timings) -> dict[str | None, float]:
         """sigma per delivery family, keyed by its proposal source (U5).
 
-        K counts decoders only, k those of the family.
+        ``counts`` holds the decoders of each family (keyed by proposal source);
+        K is their total, k each family's count.
         """
-        total = len(decoders)
-        counts: dict[str | None, int] = {}
-        for s in decoders:
-            source = s.family.proposal_source
-            counts[source] = counts.get(source, 0) + 1
+        total = sum(counts.values())
         out = {}
         for source, k in counts.items():
             sigma = reference_interval_ms(total, k, self._timing.fastest_shapes(DeliveryFamily(source), timings))

@@ -349,8 +349,7 @@ def test_U5_reference_interval_counts_decoders_only():
     (a, b), fence = decoding(s, 2)
     s.admit(ask(4096, 5))  # a prompter: no delivery coordinate, does not enlarge K
     timings = s._timings()
-    decoders = [s._slots[x.slot] for x in (a, b)]
-    sigma = s._reference_intervals(decoders, timings)
+    sigma = s._reference_intervals({None: 2}, timings)  # two ordinary decoders, one family
     # K = k = 2: min over graphs of T/min(B, 2) is D2's 4/2 = 2 ms; sigma = 2 * 2 ms
     assert list(sigma.values()) == [pytest.approx(4.0)]
     population = s._population(s.now_ns, timings)
