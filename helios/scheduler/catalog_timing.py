@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from helios.scheduler.cost import CostModel
-from helios.scheduler.policy import GraphTiming
+from helios.scheduler.policy import GraphTiming, durations_ms
 from helios.scheduler.service import DeliveryFamily, ShapeTiming, token_normalizer
 from helios.scheduler.types import GENERATION_KINDS, CostKey, GraphDescriptor
 
@@ -39,6 +39,7 @@ class CatalogTiming:
             self._by_key.setdefault(key, []).append(index)
         self._graphs = tuple(graphs)
         self._timings: list[GraphTiming] = []
+        self._durations: list[float] | None = None  # durations_ms(self._timings), built on first use
         self._stale_at: dict[CostKey, int] = {}  # measured, still fresh: when each turns stale
         self._normalizer: float | None = None
         self._families: dict[DeliveryFamily, _FamilyShapes] = {}
@@ -49,6 +50,14 @@ class CatalogTiming:
         if self._stale_at and now_ns >= min(self._stale_at.values()):
             self.reset(now_ns)
         return self._timings
+
+    def durations_ms(self, timings: Sequence[GraphTiming]) -> list[float]:
+        """``policy.durations_ms(timings)``, kept with this table's own list while it stands."""
+        if timings is not self._timings:
+            return durations_ms(timings)
+        if self._durations is None:
+            self._durations = durations_ms(timings)
+        return self._durations
 
     def normalizer(self) -> float | None:
         """Best measured token rate of the generation programs, else of the whole catalog (tokens/ms)."""
@@ -66,6 +75,7 @@ class CatalogTiming:
         for index in indices:
             timings[index] = timing
         self._timings = timings
+        self._durations = None
         self._normalizer = self._best_rate()
         for shapes in self._families.values():
             shapes.update(indices, timings)
@@ -75,6 +85,7 @@ class CatalogTiming:
         self._stale_at = {}
         by_key = {key: self._timing(key, now_ns) for key in self._by_key}
         self._timings = [by_key[key] for key in self._keys]
+        self._durations = None
         self._normalizer = self._best_rate()
         self._families = {}
 

@@ -55,8 +55,6 @@ from helios.scheduler.service import (
     ServiceHistory,
     decay_factor,
     fair_token_rate,
-    price_terms,
-    projected_rates,
     reference_interval_ms,
 )
 from helios.scheduler.speculation import (
@@ -168,6 +166,10 @@ class Frame:
     # (zero for those without a lane) and the frame's decay factor, shared by all
     projection: dict[RequestHandle, FrameService] = field(default_factory=dict)
     decay: float = 1.0
+    # per participant, the parts of ``service.blend`` over this frame that do not depend on
+    # the rate: ((1 - decay) * tokens / duration, the same for deliveries, the first-burst
+    # delivery rate of A5, whether it delivers)
+    terms: dict[RequestHandle, tuple[float, float, float, bool]] = field(default_factory=dict)
 
     @classmethod
     def submitted(cls, fence, plan, participants, normalizer, end_ns, queued, adaptation_ms) -> "Frame":
@@ -181,8 +183,11 @@ class Frame:
             if lane.handle in projection:
                 projection[lane.handle] = FrameService(tokens, deliveries, duration_ms)
         decay = decay_factor(duration_ms, adaptation_ms)
+        rest = 1.0 - decay
+        terms = {h: (rest * p.tokens / p.duration_ms, rest * p.deliveries / p.duration_ms,
+                     p.deliveries / p.duration_ms, p.deliveries > 0) for h, p in projection.items()}
         return cls(fence, plan, participants, normalizer, end_ns, queued, frozenset(participants), lanes,
-                   projection, decay)
+                   projection, decay, terms)
 
     def lane_for(self, handle: RequestHandle) -> PlannedLane | None:
         return self.lanes_by_handle.get(handle)
@@ -379,7 +384,7 @@ class Scheduler:
         if not self._queue_accepts_more():
             return None
         timings, population = self._snapshot()
-        choice = pol.select(self.graphs, timings, population, self._infos)
+        choice = pol.select(self.graphs, timings, population, self._infos, self._timing.durations_ms(timings))
         if choice is None:
             return None
         log_scale = choice.log_scale  # the decision's common scaling (U7), kept for a funded replacement
@@ -460,82 +465,83 @@ class Scheduler:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10).
 
         Every completion reprices every request, so this runs in full for each
-        selecting plan: it is one pass with the arithmetic of ``RequestState.room``,
-        ``_projected`` and ``price_terms`` written out (the same operations in the
-        same order, so the same floats), because the calls were most of its cost.
+        selecting plan. It is written out rather than calling ``RequestState.room``,
+        ``service.projected_rates`` and ``service.price_terms`` per request (the
+        calls were most of its cost), with the same operations in the same order,
+        so the same floats; ``Frame.terms`` holds each queued frame's part of
+        ``blend`` that does not depend on the rate.
         """
         live = sorted((s for s in self._slots if s is not None and not (s.cancelled or s.finished)), key=_recency)
-        rooms = [max(0, s.output_cap - s.produced - s.queued_output) for s in live]
-        decoding = [s.prompt_done >= s.request.prompt_tokens for s in live]
-        counts: dict[str | None, int] = {}
-        for s, room, decoder in zip(live, rooms, decoding):
-            if decoder and room > 0:
-                source = s.family.proposal_source
-                counts[source] = counts.get(source, 0) + 1
+        decoding, prompting = [], []
+        counts: dict[str | None, int] = {}  # decoders per delivery family (U5's k), by proposal source
+        for s in live:
+            room = s.output_cap - s.produced - s.queued_output
+            if room < 0:
+                room = 0
+            if s.prompt_done >= s.request.prompt_tokens:
+                if room > 0:
+                    source = s.family.proposal_source
+                    counts[source] = counts.get(source, 0) + 1
+                    decoding.append((s, room))
+            elif not s.queued_prompt:
+                prompting.append((s, room))
         sigmas = self._reference_intervals(counts, timings)
         policy = self.policy
         c, beta, f, g = policy.decode_age_price, policy.output_token_value, policy.token_fairness, policy.delivery_fairness
-        frames = [(frame.projection, frame.decay, 1.0 - frame.decay, frame.end_ns) for frame in self._frames]
+        frames = [(frame.terms, frame.decay, frame.end_ns) for frame in self._frames]
         dec, prm = pol.Decoders(), pol.Prompters()
-        for s, room, decoder in zip(live, rooms, decoding):
-            if (decoder and room <= 0) or (not decoder and s.queued_prompt):
-                continue
+        for s, room in decoding:
             handle, service = s.handle, s.service
             x, z, delivered_ns = service.token_rate, service.delivery_rate, None
-            for projection, decay, rest, end_ns in frames:  # projected_rates, per queued frame
-                served = projection.get(handle)
+            for terms, decay, end_ns in frames:
+                served = terms.get(handle)
                 if served is None:
                     continue
-                x = decay * x + rest * served.tokens / served.duration_ms
+                token_term, delivery_term, first_rate, delivers = served
+                x = decay * x + token_term
                 if x < MIN_RATE_PER_MS:
                     x = MIN_RATE_PER_MS
                 if z is not None:
-                    z = decay * z + rest * served.deliveries / served.duration_ms
+                    z = decay * z + delivery_term
                     if z < MIN_RATE_PER_MS:
                         z = MIN_RATE_PER_MS
-                elif served.deliveries > 0:
-                    z = served.deliveries / served.duration_ms
-                if served.deliveries:
+                elif delivers:
+                    z = first_rate
+                if delivers:
                     delivered_ns = end_ns
             sigma = sigmas.get(s.family.proposal_source)
             if z is None:
                 z = 1.0 / sigma if sigma else 1.0
-            congestion, delivery = f / x, g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS)
-            if decoder:
-                reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
-                slope = c * sigma if sigma else 0.0
-                age_ms = (start_ns - reference) / 1e6
-                dec.handle.append(handle)
-                dec.token_price.append(beta + congestion)
-                dec.delivery_price.append(delivery)
-                dec.age_credit.append(slope * (age_ms if age_ms > 0.0 else 0.0))
-                dec.age_slope.append(slope)
-                dec.room.append(room)
-                dec.survival.append(s.survival)
-                dec.gains.append(s.gains)
-                dec.recency.append(s.last_selected_ns)
-            else:
-                position = s.prompt_done
-                prm.handle.append(handle)
-                prm.start.append(position)
-                prm.remaining.append(s.request.prompt_tokens - position)
-                prm.to_endpoint.append(s.next_endpoint_distance(position))
-                prm.price.append(1.0 + congestion)
-                prm.first_token.append(beta + congestion if room > 0 else 0.0)
-                prm.recency.append(s.last_selected_ns)
-        return pol.Population(dec, prm, c * sum(counts.values()), policy.adaptive_verification_alpha)
-
-    def _projected(self, state: RequestState) -> tuple[float, float | None, int | None]:
-        """Token and delivery rates advanced through queued frames, and the expected delivery time."""
-        x, z, delivered = state.service.token_rate, state.service.delivery_rate, None
-        for frame in self._frames:
-            service = frame.projection.get(state.handle)
-            if service is None:
-                continue
-            x, z = projected_rates(x, z, service, frame.decay)
-            if service.deliveries:
-                delivered = frame.end_ns
-        return x, z, delivered
+            reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
+            slope = c * sigma if sigma else 0.0
+            age_ms = (start_ns - reference) / 1e6
+            dec.handle.append(handle)
+            dec.token_price.append(beta + f / x)
+            dec.delivery_price.append(g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS))
+            dec.age_credit.append(slope * (age_ms if age_ms > 0.0 else 0.0))
+            dec.age_slope.append(slope)
+            dec.room.append(room)
+            dec.survival.append(s.survival)
+            dec.gains.append(s.gains)
+            dec.recency.append(s.last_selected_ns)
+        for s, room in prompting:
+            handle, x = s.handle, s.service.token_rate
+            for terms, decay, _ in frames:
+                served = terms.get(handle)
+                if served is not None:
+                    x = decay * x + served[0]
+                    if x < MIN_RATE_PER_MS:
+                        x = MIN_RATE_PER_MS
+            congestion = f / x
+            position = s.prompt_done
+            prm.handle.append(handle)
+            prm.start.append(position)
+            prm.remaining.append(s.request.prompt_tokens - position)
+            prm.to_endpoint.append(s.next_endpoint_distance(position))
+            prm.price.append(1.0 + congestion)
+            prm.first_token.append(beta + congestion if room > 0 else 0.0)
+            prm.recency.append(s.last_selected_ns)
+        return pol.Population(dec, prm, c * len(decoding), policy.adaptive_verification_alpha)
 
     def _reference_intervals(self, counts: dict[str | None, int], timings) -> dict[str | None, float]:
         """sigma per delivery family, keyed by its proposal source (U5).

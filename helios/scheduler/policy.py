@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import accumulate
+from functools import partial
+from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import Callable, Mapping, Sequence
 
@@ -43,7 +44,6 @@ from helios.scheduler.utility import (
     decision_log_scale,
     decode_lane_value,
     optimistic_work_score,
-    prompt_lane_value,
     value_rate,
 )
 
@@ -221,29 +221,52 @@ class _Deferred:
 class _DecodeRanking:
     """Decoders eligible for one (proposal source, logical width), ranked once.
 
-    ``lengths``, ``expected`` and ``length_prefix`` follow ranking order; the
-    last two are built on first use (only ragged programs and the winner's
-    lanes read them).
+    Scoring reads only ``ranked.prefix``, ``slope_prefix`` and ``size``. What
+    follows ranking order -- ``members``, ``lengths``, ``expected`` and
+    ``length_prefix`` -- is built on first use: only the winner's lanes, the
+    logical keys of pruning checks and ragged programs read them.
     """
 
-    members: list[int]  # decoder indices, ranking order
-    lengths: list[int]  # query length per member (ranking order)
-    ranked: RankedLanes  # over base values (ranking order == members)
+    eligible: list[int]  # decoder indices, eligibility order
+    raw_lengths: list[int]  # query length per eligible decoder (eligibility order)
+    ranked: RankedLanes  # over base values (eligibility order)
     slope_prefix: list[float]
     uniform_slope: bool = True  # every lane shares c*sigma: the order holds for any T
+    uniform_length: bool = True  # every lane has the same query length
     # what expected tokens are computed from, in eligibility order: (cumulative gains, query length, room)
     # per lane, or None for width-one rows (one token each)
     expected_inputs: tuple[list, list[int], list[int]] | None = None
     keys: dict[int, tuple] = field(default_factory=dict)  # k -> logical key
+    _members: list[int] | None = None
+    _lengths: list[int] | None = None
     _expected: list[float] | None = None
     _length_prefix: list[int] | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.eligible)
+
+    @property
+    def members(self) -> list[int]:
+        """Decoder indices in ranking order."""
+        if self._members is None:
+            self._members = list(map(self.eligible.__getitem__, self.ranked.order))
+        return self._members
+
+    @property
+    def lengths(self) -> list[int]:
+        """Query length per member (ranking order)."""
+        if self._lengths is None:
+            raw = self.raw_lengths
+            self._lengths = raw if self.uniform_length else list(map(raw.__getitem__, self.ranked.order))
+        return self._lengths
 
     @property
     def expected(self) -> list[float]:
         """Expected committed tokens per member (ranking order)."""
         if self._expected is None:
             if self.expected_inputs is None:
-                self._expected = [1.0] * len(self.members)
+                self._expected = [1.0] * len(self.eligible)
             else:  # expected_tokens(rows[j], lengths[j], rooms[j]) per member, inlined (a winner may hold 64)
                 order = self.ranked.order
                 rows, lengths, rooms = (map(column.__getitem__, order) for column in self.expected_inputs)
@@ -252,6 +275,12 @@ class _DecodeRanking:
                     for g, n, r in zip(rows, lengths, rooms)
                 ]
         return self._expected
+
+    def length_prefix_at(self, k: int) -> int:
+        """Rows the best ``k`` members use."""
+        if self.uniform_length:
+            return k * self.raw_lengths[0] if k else 0
+        return self.length_prefix[k]
 
     @property
     def length_prefix(self) -> list[int]:
@@ -289,9 +318,12 @@ class _Selector:
         self.slope_prefixes: dict[str | None, list[float]] = {}
         self.rows: dict[str, tuple[list[list[float]], list[int]]] = {}
         self.shortest_gains: dict[str, int] = {}  # per source: the fewest cumulative gains any eligible row has
+        self.uncapped: dict[str, bool] = {}  # per source: no eligible row's room caps its expected tokens
         self.priced: dict[str | None, tuple[list[float], list[float]]] = {}
+        self.everyone: set[str | None] = set()  # sources every decoder is eligible for (columns used as they are)
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
+        self.t_ms: list[float] = []  # per graph: its known duration in ms, 0.0 while unknown (set by select)
         # a stable sort of an LRU-ordered population already breaks value ties by recency
         self.decoders_lru = _nondecreasing(population.decoders.recency)
         self.prompters_lru = _nondecreasing(population.prompters.recency)
@@ -349,10 +381,10 @@ class _Selector:
             lengths = [width] * len(idx) if full else [min(width, r) for r in rooms]
             inputs = (rows, lengths, rooms)
             # expected_tokens(g, n, r) * p + f, inlined: this comprehension is the hot loop of a decision
-            if full and width <= self.shortest_gains[source]:  # n = width, and every row reaches it
+            if full and width <= self.shortest_gains[source] and self.uncapped[source]:
+                # n = width, every row reaches it, and no row's room caps its expected tokens
                 last = width - 1
-                values = [(e if (e := 1.0 + g[last]) < r else float(r)) * p + f
-                          for g, r, p, f in zip(rows, rooms, prices, fixed_parts)]
+                values = [(1.0 + g[last]) * p + f for g, p, f in zip(rows, prices, fixed_parts)]
             else:
                 values = [
                     (e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)) * p + f
@@ -361,19 +393,19 @@ class _Selector:
         if t_ms is not None:
             values = [v + t_ms * slope for v, slope in zip(values, slopes)]
         ranked = RankedLanes.rank(values, None if self.decoders_lru else [d.recency[i] for i in idx])
-        order = ranked.order
         if t_ms is not None:
-            slope_prefix = [0.0] * (len(order) + 1)
+            slope_prefix = [0.0] * (len(idx) + 1)
         elif uniform:  # every order has the same prefix sums
             slope_prefix = self._uniform_slope_prefix(source, slopes)
         else:
-            slope_prefix = list(accumulate((slopes[j] for j in order), initial=0.0))
+            slope_prefix = list(accumulate((slopes[j] for j in ranked.order), initial=0.0))
         return _DecodeRanking(
-            members=list(map(idx.__getitem__, order)),
-            lengths=lengths if full or source is None else [lengths[j] for j in order],
+            eligible=idx,
+            raw_lengths=lengths,
             ranked=ranked,
             slope_prefix=slope_prefix,
             uniform_slope=uniform,
+            uniform_length=full or source is None,
             expected_inputs=inputs,
         )
 
@@ -385,12 +417,17 @@ class _Selector:
         found = self.eligible.get(source)
         if found is None:
             d = self.pop.decoders
-            if source is None:
+            gains = None if source is None else self._gains(source)
+            if self.least_room >= 1 and (gains is None or None not in gains):
+                # everyone (the usual case): the columns themselves, not copies
+                idx, slopes = list(range(len(d))), d.age_slope
+                self.everyone.add(source)
+            elif source is None:
                 idx = [i for i, r in enumerate(d.room) if r >= 1]
             else:
-                gains = self._gains(source)
                 idx = [i for i, r in enumerate(d.room) if r >= 1 and gains[i] is not None]
-            slopes = [d.age_slope[i] for i in idx]
+            if source not in self.everyone:
+                slopes = [d.age_slope[i] for i in idx]
             found = self.eligible[source] = (idx, slopes, len(set(slopes)) <= 1)
         return found
 
@@ -399,7 +436,10 @@ class _Selector:
         found = self.priced.get(source)
         if found is None:
             idx, price, fixed = self._eligible(source)[0], self.pop.decoders.token_price, self._fixed_values()
-            found = self.priced[source] = ([price[i] for i in idx], [fixed[i] for i in idx])
+            if source in self.everyone:
+                found = self.priced[source] = (price, fixed)
+            else:
+                found = self.priced[source] = ([price[i] for i in idx], [fixed[i] for i in idx])
         return found
 
     def _rows(self, source: str) -> tuple[list[list[float]], list[int]]:
@@ -408,8 +448,14 @@ class _Selector:
         if found is None:
             idx = self._eligible(source)[0]
             gains, room = self.cumulative[source], self.pop.decoders.room
-            found = self.rows[source] = ([gains[i] for i in idx], [room[i] for i in idx])
+            if source in self.everyone:
+                found = self.rows[source] = (gains, room)
+            else:
+                found = self.rows[source] = ([gains[i] for i in idx], [room[i] for i in idx])
             self.shortest_gains[source] = min(map(len, found[0]), default=0)
+            # gains only grow along a row, so 1 + the largest last gain bounds every row's
+            # expected tokens: within the least room, the room never caps them
+            self.uncapped[source] = 1.0 + max(map(itemgetter(-1), found[0]), default=0.0) <= self.least_room
         return found
 
     def _uniform_slope_prefix(self, source: str | None, slopes: list[float]) -> list[float]:
@@ -422,7 +468,8 @@ class _Selector:
         """Per decoder: the width-independent part of its lane value (delivery and c*sigma*A)."""
         if self.fixed is None:
             d = self.pop.decoders
-            self.fixed = [decode_lane_value(0.0, 0.0, dp, 1.0, credit) for dp, credit in zip(d.delivery_price, d.age_credit)]
+            # decode_lane_value(0, 0, delivery, 1, credit), whose zero terms add nothing: delivery + credit
+            self.fixed = [dp + credit for dp, credit in zip(d.delivery_price, d.age_credit)]
         return self.fixed
 
     # -- prompters --------------------------------------------------------
@@ -432,13 +479,17 @@ class _Selector:
         if ranking is None:
             p = self.pop.prompters
             tokens = [min(capacity, r) for r in p.remaining]
-            values = [
-                prompt_lane_value(t, p.price[i]) + (p.first_token[i] if t == p.remaining[i] else 0.0)
-                for i, t in enumerate(tokens)
-            ]
+            # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes
+            values = [t * price + (first if t == left else 0.0)
+                      for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
             ranking = (RankedLanes.rank(values, None if self.prompters_lru else p.recency), tokens)
             self.prompt_rankings[capacity] = ranking
         return ranking
+
+
+def durations_ms(timings: Sequence[GraphTiming]) -> list[float]:
+    """Each graph's known duration in ms (0.0 while unknown), as ``_score`` divides it."""
+    return [t.duration_ns / 1e6 if t.duration_ns > 0 else 0.0 for t in timings]
 
 
 def _nondecreasing(values: Sequence[int]) -> bool:
@@ -561,13 +612,20 @@ def _logical_width(graph: GraphDescriptor) -> int:
 
 
 def _decode_lanes(sel: _Selector, r: _DecodeRanking, k: int, ceilings: bool) -> list[PlannedLane]:
-    handles, decode = sel.pop.decoders.handle, LanePhase.DECODE
-    # positional: PlannedLane(handle, phase, prompt_start, prompt_tokens, query_length, ceiling, expected_tokens);
-    # a winner may hold 64 lanes, and keyword parsing was a measurable part of building them
-    return [
-        PlannedLane(handles[i], decode, 0, 0, length, length if ceilings else 0, expected)
-        for i, length, expected in zip(r.members[:k], r.lengths, r.expected)
-    ]
+    """The best ``k`` members of ``r`` as decode lanes (ranking order).
+
+    A winner may hold 64 lanes, so they are made as the named tuples they
+    are, fields in declaration order, without a Python-level constructor call:
+    (handle, phase, prompt_start, prompt_tokens, query_length, ceiling, expected_tokens, finishes_prompt).
+    """
+    handles = map(sel.pop.decoders.handle.__getitem__, r.members[:k])
+    lengths = r.lengths[:k]
+    fields = zip(handles, repeat(LanePhase.DECODE), repeat(0), repeat(0), lengths,
+                 lengths if ceilings else repeat(0), r.expected, repeat(False))
+    return list(map(_new_lane, fields))
+
+
+_new_lane = partial(tuple.__new__, PlannedLane)
 
 
 def _prompt_lane(sel: _Selector, i: int, tokens: int) -> PlannedLane:
@@ -594,7 +652,7 @@ def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, ti
     """
     info = sel.infos[index]
     r = sel.decode_ranking(info.source, info.width, timing)
-    if not r.members:
+    if not r.size:
         return None
     active = sel.pop.active_age_price
     if info.prefix_limit:
@@ -602,7 +660,7 @@ def _generation_candidate(sel: _Selector, index: int, graph: GraphDescriptor, ti
         bound = (not timing.known, _score(base, r.slope_prefix[k], timing, active))
         return _Deferred(bound, lambda: _adaptive_candidate(sel, index, graph, timing))
     k, base = r.ranked.best(graph.batch_capacity)
-    if graph.ragged and r.length_prefix[k] > graph.target_rows:
+    if graph.ragged and r.length_prefix_at(k) > graph.target_rows:
         bound = (not timing.known, _score(base, r.slope_prefix[k], timing, active))
         return _Deferred(bound, lambda: _constrained_candidate(sel, index, graph, timing, r))
     return (not timing.known, _score(base, r.slope_prefix[k], timing, active)), index, (r, k)
@@ -617,7 +675,7 @@ def _built_generation(sel: _Selector, index: int, graph: GraphDescriptor, timing
         timing=timing,
         score=score,
         served=k,
-        padding=graph.target_rows - r.length_prefix[k],
+        padding=graph.target_rows - r.length_prefix_at(k),
         logical=logical,
         build=lambda: (tuple(_decode_lanes(sel, r, k, False)), None),
     )
@@ -626,7 +684,7 @@ def _built_generation(sel: _Selector, index: int, graph: GraphDescriptor, timing
 def _constrained_candidate(sel, index, graph, timing, r: _DecodeRanking):
     """Host-allocated ragged program whose P binds: exact best cohort fitting B and P (U9)."""
     t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
-    n = len(r.members)
+    n = r.size
     base, slope = r.ranked.prefix, r.slope_prefix
     values = [base[j + 1] - base[j] + t_ms * (slope[j + 1] - slope[j]) for j in range(n)]
     total, chosen = best_constrained_cohort(values, r.lengths, graph.batch_capacity, graph.target_rows)
@@ -760,7 +818,7 @@ def _mixed_entry(sel: _Selector, index: int, graph: GraphDescriptor, timing: Gra
     r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(
         sel.infos[index].source, sel.infos[index].width, timing)
     active = sel.pop.active_age_price
-    prefix, slopes, n = r.ranked.prefix, r.slope_prefix, len(r.members)
+    prefix, slopes, n = r.ranked.prefix, r.slope_prefix, r.size
     best = None  # (score, prompt row or None, decoders served)
     k = min(graph.batch_capacity, n)
     if k:
@@ -770,7 +828,7 @@ def _mixed_entry(sel: _Selector, index: int, graph: GraphDescriptor, timing: Gra
         k2 = min(graph.batch_capacity - 1, n)
         score = _score(ranked.prefix[1] + prefix[k2], slopes[k2], timing, active)
         if best is None or score >= best[0]:  # on a tie the prompt row wins
-            best = (score, ranked.order[0], k2)
+            best = (score, ranked.first(), k2)
     if best is None:
         return None
     score, prompt, k = best
@@ -779,7 +837,7 @@ def _mixed_entry(sel: _Selector, index: int, graph: GraphDescriptor, timing: Gra
 
 def _built_mixed(sel: _Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, score: float, payload):
     r, prompt, k, tokens = payload
-    rows = r.length_prefix[k] + (tokens[prompt] if prompt is not None else 0)
+    rows = r.length_prefix_at(k) + (tokens[prompt] if prompt is not None else 0)
 
     def build():
         lanes = _decode_lanes(sel, r, k, False)
@@ -799,23 +857,23 @@ def _score_rectangular(sel: _Selector, group: _Group, graphs, timings, out: list
 
     The hottest loop of a decision, so it reads the shared prefix sums directly:
     an unknown duration scores its optimistic work (U8), a known one its value
-    rate (U6), exactly as ``_score`` computes them.
+    rate (U6), with ``value_rate``'s arithmetic written out (same operations, same order).
     """
     untimed = sel.decode_ranking(group.source, group.width)
-    n = len(untimed.members)
+    n = untimed.size
     if n == 0:
         return
     active = sel.pop.active_age_price
-    prefix, slopes, uniform = untimed.ranked.prefix, untimed.slope_prefix, untimed.uniform_slope
+    prefix, slopes, uniform, durations = untimed.ranked.prefix, untimed.slope_prefix, untimed.uniform_slope, sel.t_ms
     for index, batch in group.batches:
-        timing = timings[index]
+        t = durations[index]
         k = batch if batch < n else n
-        if timing.duration_ns <= 0:
+        if t <= 0.0:
             out[index] = (True, prefix[k]), index, (untimed, k)
         elif uniform:
-            t_ms = timing.duration_ns / 1e6
-            out[index] = (False, value_rate(prefix[k] + slopes[k] * t_ms, t_ms, active)), index, (untimed, k)
+            out[index] = (False, (prefix[k] + slopes[k] * t) / t - 0.5 * t * active), index, (untimed, k)
         else:
+            timing = timings[index]
             r = sel.decode_ranking(group.source, group.width, timing)
             out[index] = (False, _score(r.ranked.prefix[k], r.slope_prefix[k], timing, active)), index, (r, k)
 
@@ -840,24 +898,29 @@ def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> N
         return
     ranked, tokens = prompts
     has_row = len(ranked) > 0 and group.prefill_capacity > 0
-    row_value, row = (ranked.prefix[1], ranked.order[0]) if has_row else (0.0, None)
-    prefix, slopes, n = untimed.ranked.prefix, untimed.slope_prefix, len(untimed.members)
-    active = sel.pop.active_age_price
+    row_value, row = (ranked.prefix[1], ranked.first()) if has_row else (0.0, None)
+    prefix, slopes, n = untimed.ranked.prefix, untimed.slope_prefix, untimed.size
+    active, durations = sel.pop.active_age_price, sel.t_ms
     for index, batch in group.batches:
-        duration_ns = timings[index].duration_ns
-        t_ms = duration_ns / 1e6 if duration_ns > 0 else None
+        t = durations[index]
+        known = t > 0.0
         k = batch if batch < n else n
-        best = None  # (score, prompt row or None, decoders served)
+        # the decode-only cohort, then the prompt row with the best B - 1 decoders; on a tie the row wins
         if k:
-            best = (prefix[k] if t_ms is None else value_rate(prefix[k] + slopes[k] * t_ms, t_ms, active), None, k)
-        if has_row:
+            score = (prefix[k] + slopes[k] * t) / t - 0.5 * t * active if known else prefix[k]
+            if has_row:
+                k2 = batch - 1 if batch - 1 < n else n
+                value = row_value + prefix[k2]
+                with_row = (value + slopes[k2] * t) / t - 0.5 * t * active if known else value
+                if with_row >= score:
+                    out[index] = (not known, with_row), index, (untimed, row, k2, tokens)
+                    continue
+            out[index] = (not known, score), index, (untimed, None, k, tokens)
+        elif has_row:
             k2 = batch - 1 if batch - 1 < n else n
             value = row_value + prefix[k2]
-            score = value if t_ms is None else value_rate(value + slopes[k2] * t_ms, t_ms, active)
-            if best is None or score >= best[0]:  # on a tie the prompt row wins
-                best = (score, row, k2)
-        if best is not None:
-            out[index] = (t_ms is None, best[0]), index, (untimed, best[1], best[2], tokens)
+            with_row = (value + slopes[k2] * t) / t - 0.5 * t * active if known else value
+            out[index] = (not known, with_row), index, (untimed, row, k2, tokens)
 
 
 def _score_one_by_one(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
@@ -1058,14 +1121,17 @@ def select(
     timings: Sequence[GraphTiming],
     population: Population,
     described: CatalogInfo | None = None,
+    durations: Sequence[float] | None = None,
 ) -> Choice | None:
     """The best graph and cohort for the population, or None when nothing can run.
 
-    ``described`` is :func:`describe` of ``graphs``; callers planning
-    repeatedly on one catalog pass it to skip recomputing it.
+    ``described`` is :func:`describe` of ``graphs`` and ``durations`` is
+    :func:`durations_ms` of ``timings``; callers planning repeatedly on one
+    catalog pass them to skip recomputing them.
     """
     described = described if described is not None else describe(graphs)
     sel = _Selector(population, described)
+    sel.t_ms = durations if durations is not None else durations_ms(timings)
     scored = _Scored(sel, graphs, timings)
     found: list = [None] * len(graphs)
     for group in described.groups:

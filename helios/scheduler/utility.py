@@ -85,33 +85,61 @@ def decision_log_scale(magnitude: float) -> float:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
 class RankedLanes:
     """Lanes sorted by value (descending) with prefix sums shared by every batch capacity.
 
-    ``order[j]`` is the index (into the caller's lane list) of the j-th best lane;
-    ``prefix[k]`` the value of the best k lanes.
+    ``prefix[k]`` is the value of the best k lanes; ``order[j]`` the index (into
+    the caller's lane list) of the j-th best lane, equal values least recently
+    used first (U8).
+
+    The prefix sums need only the values in sorted order, never which lane
+    holds which: lanes of equal value add the same number in any order. So
+    they are summed over a plain sort of the values, and the permutation (a
+    keyed sort, several times dearer) is built on first use -- only the lanes
+    of a winning or a pruning candidate ever need it.
     """
 
-    order: tuple[int, ...]
-    prefix: tuple[float, ...]
+    __slots__ = ("values", "recency", "prefix", "_order")
+
+    def __init__(self, values: Sequence[float], recency: Sequence[int] | None = None) -> None:
+        self.values = values
+        self.recency = recency
+        self.prefix: list[float] = list(accumulate(sorted(values, reverse=True), initial=0.0))
+        self._order: tuple[int, ...] | None = None
 
     @classmethod
     def rank(cls, values: Sequence[float], recency: Sequence[int] | None = None) -> "RankedLanes":
-        """Rank by value; equal values go to the least recently used lane first (U8)."""
+        """Rank by value; equal values go to the least recently used lane first (U8).
+
+        Without ``recency`` the caller's list is already least recently used first.
+        """
+        return cls(values, recency)
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        if self._order is None:
+            values, recency = self.values, self.recency
+            if recency is None:  # a stable sort keeps list order among equal values
+                self._order = tuple(sorted(range(len(values)), key=values.__getitem__, reverse=True))
+            else:
+                self._order = tuple(sorted(range(len(values)), key=lambda i: (-values[i], recency[i])))
+        return self._order
+
+    def first(self) -> int:
+        """``order[0]`` without ranking the rest (callers check there is a lane)."""
+        if self._order is not None:
+            return self._order[0]
+        values, recency = self.values, self.recency
         if recency is None:
-            order = tuple(sorted(range(len(values)), key=values.__getitem__, reverse=True))
-        else:
-            order = tuple(sorted(range(len(values)), key=lambda i: (-values[i], recency[i])))
-        prefix = tuple(accumulate(map(values.__getitem__, order), initial=0.0))
-        return cls(order, prefix)
+            return values.index(max(values))
+        return min(range(len(values)), key=lambda i: (-values[i], recency[i]))
 
     def __len__(self) -> int:
-        return len(self.order)
+        return len(self.values)
 
     def best(self, capacity: int) -> tuple[int, float]:
         """How many lanes a graph of ``capacity`` rows serves, and their value."""
-        k = min(capacity, len(self.order))
+        k = min(capacity, len(self.values))
         return k, self.prefix[k]
 
 
