@@ -228,15 +228,15 @@ class _DecodeRanking:
     """
 
     eligible: list[int]  # decoder indices, eligibility order
-    raw_lengths: list[int]  # query length per eligible decoder (eligibility order)
+    width: int  # logical width: every lane's query length unless ``raw_lengths`` says otherwise
+    raw_lengths: list[int] | None  # query length per eligible decoder (eligibility order); None: all ``width``
     ranked: RankedLanes  # over base values (eligibility order)
     slope_prefix: list[float]
-    uniform_slope: bool = True  # every lane shares c*sigma: the order holds for any T
-    uniform_length: bool = True  # every lane has the same query length
-    # what expected tokens are computed from, in eligibility order: (cumulative gains, query length, room)
-    # per lane, or None for width-one rows (one token each)
-    expected_inputs: tuple[list, list[int], list[int]] | None = None
-    keys: dict[int, tuple] = field(default_factory=dict)  # k -> logical key
+    uniform_slope: bool  # every lane shares c*sigma: the order holds for any T
+    # what expected tokens are computed from, in eligibility order: (cumulative gains, room) per
+    # lane, or None for width-one rows (one token each)
+    expected_inputs: tuple[list, list[int]] | None
+    keys: dict[int, tuple] | None = None  # k -> logical key
     _members: list[int] | None = None
     _lengths: list[int] | None = None
     _expected: list[float] | None = None
@@ -258,7 +258,10 @@ class _DecodeRanking:
         """Query length per member (ranking order)."""
         if self._lengths is None:
             raw = self.raw_lengths
-            self._lengths = raw if self.uniform_length else list(map(raw.__getitem__, self.ranked.order))
+            if raw is None:
+                self._lengths = [self.width] * len(self.eligible)
+            else:
+                self._lengths = list(map(raw.__getitem__, self.ranked.order))
         return self._lengths
 
     @property
@@ -269,17 +272,17 @@ class _DecodeRanking:
                 self._expected = [1.0] * len(self.eligible)
             else:  # expected_tokens(rows[j], lengths[j], rooms[j]) per member, inlined (a winner may hold 64)
                 order = self.ranked.order
-                rows, lengths, rooms = (map(column.__getitem__, order) for column in self.expected_inputs)
+                rows, rooms = (map(column.__getitem__, order) for column in self.expected_inputs)
                 self._expected = [
                     e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)
-                    for g, n, r in zip(rows, lengths, rooms)
+                    for g, n, r in zip(rows, self.lengths, rooms)
                 ]
         return self._expected
 
     def length_prefix_at(self, k: int) -> int:
         """Rows the best ``k`` members use."""
-        if self.uniform_length:
-            return k * self.raw_lengths[0] if k else 0
+        if self.raw_lengths is None:
+            return k * self.width
         return self.length_prefix[k]
 
     @property
@@ -289,11 +292,34 @@ class _DecodeRanking:
         return self._length_prefix
 
     def logical(self, k: int) -> tuple:
+        if self.keys is None:
+            self.keys = {}
         key = self.keys.get(k)
         if key is None:
             key = tuple(sorted(zip(self.members[:k], self.lengths[:k])))
             self.keys[k] = key
         return key
+
+
+@dataclass(slots=True)
+class _SourceColumns:
+    """What every ranking priced by one proposal source reads, gathered once per decision.
+
+    ``idx`` are the eligible decoders (room left, and the source for wide rows);
+    the other lists follow it. When every decoder is eligible they are the
+    population's own columns, not copies.
+    """
+
+    idx: list[int]
+    slopes: list[float]  # c*sigma
+    uniform: bool  # all slopes equal
+    prices: list[float]  # token price
+    fixed: list[float]  # width-independent value: delivery price + age credit
+    rows: list | None  # cumulative gains (None for width-one rows)
+    rooms: list[int]
+    shortest: int = 0  # the fewest cumulative gains any row has
+    uncapped: bool = False  # no row's room caps its expected tokens at any width it reaches
+    slope_prefix: list[float] | None = None  # prefix sums of ``slopes`` (uniform slopes: any order)
 
 
 def expected_tokens(gains: Sequence[float], length: int, room: int) -> float:
@@ -308,19 +334,13 @@ class _Selector:
     def __init__(self, population: Population, infos: "CatalogInfo") -> None:
         self.pop = population
         self.infos = infos
-        self.decode_rankings: dict[tuple[str | None, int], _DecodeRanking] = {}
+        self.decode_rankings: dict[tuple, _DecodeRanking] = {}
         self.prompt_rankings: dict[int, tuple[RankedLanes, list[int]]] = {}
         self.adaptive_lanes: dict[tuple[str | None, int], list[tuple[int, AdaptiveLane, float]]] = {}
         self.adaptive_prefixes: dict[tuple, list[float]] = {}
         self.cumulative: dict[str, list[list[float] | None]] = {}
         self.fixed: list[float] | None = None
-        self.eligible: dict[str | None, tuple[list[int], list[float], bool]] = {}
-        self.slope_prefixes: dict[str | None, list[float]] = {}
-        self.rows: dict[str, tuple[list[list[float]], list[int]]] = {}
-        self.shortest_gains: dict[str, int] = {}  # per source: the fewest cumulative gains any eligible row has
-        self.uncapped: dict[str, bool] = {}  # per source: no eligible row's room caps its expected tokens
-        self.priced: dict[str | None, tuple[list[float], list[float]]] = {}
-        self.everyone: set[str | None] = set()  # sources every decoder is eligible for (columns used as they are)
+        self.columns: dict[str | None, _SourceColumns] = {}
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
         self.t_ms: list[float] = []  # per graph: its known duration in ms, 0.0 while unknown (set by select)
@@ -363,106 +383,73 @@ class _Selector:
             timed = self.decode_rankings[(source, width, t_ms)] = self._rank_decoders(source, width, t_ms)
         return timed
 
+    def source_columns(self, source: str | None) -> _SourceColumns:
+        """The eligible decoders of ``source`` and their columns (see ``_SourceColumns``)."""
+        found = self.columns.get(source)
+        if found is not None:
+            return found
+        d = self.pop.decoders
+        gains = None if source is None else self._gains(source)
+        fixed = self._fixed_values()
+        if self.least_room >= 1 and (gains is None or None not in gains):
+            # everyone (the usual case): the columns themselves, not copies
+            idx, slopes, prices, rows, rooms = list(range(len(d))), d.age_slope, d.token_price, gains, d.room
+        else:
+            if source is None:
+                idx = [i for i, r in enumerate(d.room) if r >= 1]
+            else:
+                idx = [i for i, r in enumerate(d.room) if r >= 1 and gains[i] is not None]
+            slopes, prices, rooms = [d.age_slope[i] for i in idx], [d.token_price[i] for i in idx], [d.room[i] for i in idx]
+            fixed = [fixed[i] for i in idx]
+            rows = None if gains is None else [gains[i] for i in idx]
+        found = _SourceColumns(idx, slopes, len(set(slopes)) <= 1, prices, fixed, rows, rooms)
+        if rows is not None:
+            found.shortest = min(map(len, rows), default=0)
+            # gains only grow along a row, so 1 + the largest last gain bounds every row's
+            # expected tokens: within the least room, the room never caps them
+            found.uncapped = 1.0 + max(map(itemgetter(-1), rows), default=0.0) <= self.least_room
+        if found.uniform:  # every order has the same prefix sums
+            found.slope_prefix = list(accumulate(slopes, initial=0.0))
+        self.columns[source] = found
+        return found
+
     def _rank_decoders(self, source: str | None, width: int, t_ms: float | None) -> _DecodeRanking:
         """Lane values of every eligible decoder at one logical width, ranked once (U9).
 
         With ``t_ms`` the values include each lane's c*sigma*T, and the slope
         prefix is zero (the graph duration is already priced in).
         """
-        d = self.pop.decoders
-        idx, slopes, uniform = self._eligible(source)
-        prices, fixed_parts = self._priced(source)
-        full = self.least_room >= width  # every lane's query length is the width itself
+        cols = self.source_columns(source)
+        idx, prices, fixed, rows, rooms = cols.idx, cols.prices, cols.fixed, cols.rows, cols.rooms
+        raw_lengths = None  # every lane's query length is the width itself
         if source is None:
-            lengths, inputs = [1] * len(idx), None
-            values = [p + f for p, f in zip(prices, fixed_parts)]  # one token: 1.0 * p + f, exactly
+            width, inputs = 1, None
+            values = [p + f for p, f in zip(prices, fixed)]  # one token: 1.0 * p + f, exactly
         else:
-            rows, rooms = self._rows(source)
-            lengths = [width] * len(idx) if full else [min(width, r) for r in rooms]
-            inputs = (rows, lengths, rooms)
+            inputs = (rows, rooms)
             # expected_tokens(g, n, r) * p + f, inlined: this comprehension is the hot loop of a decision
-            if full and width <= self.shortest_gains[source] and self.uncapped[source]:
-                # n = width, every row reaches it, and no row's room caps its expected tokens
+            if self.least_room >= width and width <= cols.shortest and cols.uncapped:
+                # n = width for every row, every row reaches it, and no room caps the tokens
                 last = width - 1
-                values = [(1.0 + g[last]) * p + f for g, p, f in zip(rows, prices, fixed_parts)]
+                values = [(1.0 + g[last]) * p + f for g, p, f in zip(rows, prices, fixed)]
             else:
+                if self.least_room < width:
+                    raw_lengths = [width if width < r else r for r in rooms]
+                lengths = raw_lengths if raw_lengths is not None else repeat(width)
                 values = [
                     (e if (e := 1.0 + (g[n - 1] if n <= len(g) else g[-1])) < r else float(r)) * p + f
-                    for g, n, r, p, f in zip(rows, lengths, rooms, prices, fixed_parts)
+                    for g, n, r, p, f in zip(rows, lengths, rooms, prices, fixed)
                 ]
         if t_ms is not None:
-            values = [v + t_ms * slope for v, slope in zip(values, slopes)]
-        ranked = RankedLanes.rank(values, None if self.decoders_lru else [d.recency[i] for i in idx])
+            values = [v + t_ms * slope for v, slope in zip(values, cols.slopes)]
+        ranked = RankedLanes(values, None if self.decoders_lru else [self.pop.decoders.recency[i] for i in idx])
         if t_ms is not None:
             slope_prefix = [0.0] * (len(idx) + 1)
-        elif uniform:  # every order has the same prefix sums
-            slope_prefix = self._uniform_slope_prefix(source, slopes)
+        elif cols.uniform:
+            slope_prefix = cols.slope_prefix
         else:
-            slope_prefix = list(accumulate((slopes[j] for j in ranked.order), initial=0.0))
-        return _DecodeRanking(
-            eligible=idx,
-            raw_lengths=lengths,
-            ranked=ranked,
-            slope_prefix=slope_prefix,
-            uniform_slope=uniform,
-            uniform_length=full or source is None,
-            expected_inputs=inputs,
-        )
-
-    def _eligible(self, source: str | None) -> tuple[list[int], list[float], bool]:
-        """Decoders that can take a lane priced by ``source`` (room left, and the source for wide rows).
-
-        Returns their indices, their c*sigma slopes, and whether the slopes are all equal.
-        """
-        found = self.eligible.get(source)
-        if found is None:
-            d = self.pop.decoders
-            gains = None if source is None else self._gains(source)
-            if self.least_room >= 1 and (gains is None or None not in gains):
-                # everyone (the usual case): the columns themselves, not copies
-                idx, slopes = list(range(len(d))), d.age_slope
-                self.everyone.add(source)
-            elif source is None:
-                idx = [i for i, r in enumerate(d.room) if r >= 1]
-            else:
-                idx = [i for i, r in enumerate(d.room) if r >= 1 and gains[i] is not None]
-            if source not in self.everyone:
-                slopes = [d.age_slope[i] for i in idx]
-            found = self.eligible[source] = (idx, slopes, len(set(slopes)) <= 1)
-        return found
-
-    def _priced(self, source: str | None) -> tuple[list[float], list[float]]:
-        """Token price and width-independent value of the decoders eligible for ``source``."""
-        found = self.priced.get(source)
-        if found is None:
-            idx, price, fixed = self._eligible(source)[0], self.pop.decoders.token_price, self._fixed_values()
-            if source in self.everyone:
-                found = self.priced[source] = (price, fixed)
-            else:
-                found = self.priced[source] = ([price[i] for i in idx], [fixed[i] for i in idx])
-        return found
-
-    def _rows(self, source: str) -> tuple[list[list[float]], list[int]]:
-        """Cumulative gains and room of the decoders eligible for ``source``, in eligibility order."""
-        found = self.rows.get(source)
-        if found is None:
-            idx = self._eligible(source)[0]
-            gains, room = self.cumulative[source], self.pop.decoders.room
-            if source in self.everyone:
-                found = self.rows[source] = (gains, room)
-            else:
-                found = self.rows[source] = ([gains[i] for i in idx], [room[i] for i in idx])
-            self.shortest_gains[source] = min(map(len, found[0]), default=0)
-            # gains only grow along a row, so 1 + the largest last gain bounds every row's
-            # expected tokens: within the least room, the room never caps them
-            self.uncapped[source] = 1.0 + max(map(itemgetter(-1), found[0]), default=0.0) <= self.least_room
-        return found
-
-    def _uniform_slope_prefix(self, source: str | None, slopes: list[float]) -> list[float]:
-        found = self.slope_prefixes.get(source)
-        if found is None:
-            found = self.slope_prefixes[source] = list(accumulate(slopes, initial=0.0))
-        return found
+            slope_prefix = list(accumulate((cols.slopes[j] for j in ranked.order), initial=0.0))
+        return _DecodeRanking(idx, width, raw_lengths, ranked, slope_prefix, cols.uniform, inputs)
 
     def _fixed_values(self) -> list[float]:
         """Per decoder: the width-independent part of its lane value (delivery and c*sigma*A)."""
@@ -471,6 +458,7 @@ class _Selector:
             # decode_lane_value(0, 0, delivery, 1, credit), whose zero terms add nothing: delivery + credit
             self.fixed = [dp + credit for dp, credit in zip(d.delivery_price, d.age_credit)]
         return self.fixed
+
 
     # -- prompters --------------------------------------------------------
 
