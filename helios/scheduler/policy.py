@@ -515,6 +515,7 @@ class CatalogInfo:
     dominators: tuple[tuple[int, ...], ...]
     prefill_sizes: tuple[int, ...]  # prompt capacities of the prefill graphs (D4)
     groups: tuple[_Group, ...] = ()  # graphs that share their rankings, scored together
+    prefill_graphs: tuple[int, ...] = ()  # catalog indices of the prefill graphs
 
     def __getitem__(self, index: int) -> GraphInfo:
         return self.graphs[index]
@@ -542,7 +543,8 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
         for i, g in enumerate(graphs)
     )
     prefill_sizes = tuple(g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL)
-    return CatalogInfo(infos, dominators, prefill_sizes, _groups(graphs, infos))
+    prefill_graphs = tuple(i for i, g in enumerate(graphs) if g.kind is GraphKind.PREFILL)
+    return CatalogInfo(infos, dominators, prefill_sizes, _groups(graphs, infos), prefill_graphs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1126,8 +1128,9 @@ def select(
         group.scorer(sel, group, graphs, timings, found)
     # catalog order: ties keep it (U8)
     scored.add_all([c for c in found if type(c) is tuple])
-    deferred = [c for c in found if isinstance(c, _Deferred)]
-    for entry in [e for e in scored.entries if e[0][0] and graphs[e[1]].kind is GraphKind.PREFILL]:
+    deferred = [c for c in found if type(c) is _Deferred]
+    # D4 reads unmeasured prefill programs only
+    for entry in [e for i in described.prefill_graphs if type(e := found[i]) is tuple and e[0][0]]:
         if _explores_redundantly(scored.candidate(entry), sel, described.prefill_sizes):
             scored.drop(entry[1])
     _add_deferred(scored, deferred)
