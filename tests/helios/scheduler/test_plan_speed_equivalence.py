@@ -9,6 +9,10 @@ Each test puts one shortcut against a reference written here, without it:
   and keeps its timing list when an observation changes nothing (D2);
 - the winner's decode lanes carry the expected tokens S5 defines, from the
   comprehension that replaced a per-lane call (A10 projects them).
+- ranked lanes sum their best k over a plain sort of the values and build
+  the keyed order (U8's least-recently-used ties) only when read;
+- the lane-value comprehension that drops the room cap when no room can bind
+  gives the S5 values of the capped formula.
 """
 
 from __future__ import annotations
@@ -254,3 +258,62 @@ def test_D7_scores_without_lanes_match_each_program_selected_alone(seed):
         if alone is not None:
             assert scored[index].score == alone.score
             assert scored[index].choice().lanes == alone.lanes
+
+
+# ---------------------------------------------------------------------------
+# U8 / U9: prefix sums from a plain sort, lane order only when read
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.25, 1.0, 1.5, 3.0, 7.25]) | st.floats(0, 50), max_size=24),
+       st.booleans(), st.integers(0, 2**32 - 1))
+def test_U8_U9_ranked_lanes_sum_and_order_as_a_keyed_sort_does(values, with_recency, seed):
+    """The prefix sums over sorted values are those of the keyed ranking; ties go least recently used first."""
+    from itertools import accumulate
+
+    from helios.scheduler.utility import RankedLanes
+
+    rng = random.Random(seed)
+    recency = [rng.randint(0, 3) for _ in values] if with_recency else None
+    ranked = RankedLanes.rank(values, recency)
+    key = (lambda i: (-values[i], recency[i])) if recency else (lambda i: -values[i])
+    order = tuple(sorted(range(len(values)), key=key))  # stable: list order among full ties
+    assert ranked.prefix == list(accumulate((values[i] for i in order), initial=0.0))
+    if values:
+        assert ranked.first() == order[0]  # read before the full order exists
+    assert ranked.order == order
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_S5_U9_uncapped_shortcut_values_equal_the_capped_formula(seed):
+    """Within every lane's room, ``(1 + g[w-1]) * p + f`` is the S5 value ``min(1 + g[w-1], room) * p + f``.
+
+    Rooms straddle the expected tokens so both the shortcut and the capped
+    formula run; the winner's score must be the plain per-lane computation's.
+    """
+    rng = random.Random(seed)
+    width = rng.randint(2, MAX_DEPTH + 1)
+    graph = spec(rng.choice([1, 2, 4, 8]), width)
+    alpha = rng.choice([1.0, 0.5, 2.0])
+    dec = pol.Decoders()
+    for slot in range(rng.randint(1, 10)):
+        survival = tuple(sorted((rng.choice([1.0, rng.random()]) for _ in range(MAX_DEPTH)), reverse=True))
+        dec.handle.append(RequestHandle(slot, slot + 1))
+        dec.token_price.append(rng.uniform(0.0, 3))
+        dec.delivery_price.append(rng.uniform(0, 1))
+        dec.age_credit.append(rng.uniform(0, 1))
+        dec.age_slope.append(0.0)
+        dec.room.append(rng.choice([width - 1, width, width + 1, 10_000]) or 1)
+        dec.survival.append({"learned": survival})
+        dec.recency.append(slot)
+    population = pol.Population(dec, pol.Prompters(), 0.0, alpha)
+    choice = pol.select([graph], [pol.GraphTiming(5 * MS, True)], population)
+    values = sorted(
+        (expected_tokens(dec, i, min(width, dec.room[i]), "learned", alpha) * dec.token_price[i]
+         + dec.delivery_price[i] + dec.age_credit[i] for i in range(len(dec))),
+        reverse=True,
+    )
+    served = sum(values[: graph.batch_capacity])
+    assert choice.score == pytest.approx(served / 5.0, rel=1e-12)
