@@ -389,20 +389,17 @@ class Scheduler:
             return None
         log_scale = choice.log_scale  # the decision's common scaling (U7), kept for a funded replacement
         decision = Decision(choice, timings, population, self.now_ns)
+        reason, feedback = choice.reason, choice.requires_feedback
         if self._frames:
             # A8: behind queued work, a funded plan would wait for the empty window
-            # like any plan needing feedback, so only whether one is due matters
-            due = choice.requires_feedback or self._explorer.would_fund(
-                decision, self.exploration, self.cost, self._probe_subject)
-            if due:
+            # like any plan needing feedback, so only whether one is due matters;
+            # when none is, ``choose`` would fund nothing either, so it is not asked
+            if feedback or self._explorer.would_fund(decision, self.exploration, self.cost, self._probe_subject):
                 return None
-        funded = self._explorer.choose(decision, self.exploration, self.cost, self._probe_subject)
-        if funded is not None:
-            choice, reason, feedback = funded.choice, funded.reason, True
         else:
-            reason, feedback = choice.reason, choice.requires_feedback
-        if self._frames and feedback:
-            return None  # A8: wait for the empty window rather than queue lower-value work
+            funded = self._explorer.choose(decision, self.exploration, self.cost, self._probe_subject)
+            if funded is not None:
+                choice, reason, feedback = funded.choice, funded.reason, True
         return ScheduledPlan(
             graph=choice.graph,
             lanes=choice.lanes,
