@@ -98,6 +98,8 @@ class Explorer:
         self._stale_for: Sequence[pol.GraphTiming] | None = None  # the timings ``_stale`` was read from
         self._stale: list[int] = []
         self._by_source: dict[str, _SourceView] = {}
+        self._programs_timings: Sequence[pol.GraphTiming] | None = None  # the timings ``_programs_of`` was read from
+        self._programs_of: dict[str, list[WidthProgram]] = {}
 
     def choose(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
                subject: Callable[[RequestHandle], ProbeSubject]) -> Funded | None:
@@ -206,25 +208,35 @@ class Explorer:
         reads, summed in another order), so the bound widens each side by
         ``BOUND_MARGIN``, far beyond any rounding. Without them, the ordinary
         output is bounded by one token, and each draft by one.
+
+        Per deeper program of duration T the gain per ms is
+        ``price * ((high + added_drafts * added) * K/T - low * F) * K/T`` with
+        K = (1 + margin) * ns per ms and F = (1 - margin) * ns per ms / the
+        winner's duration; the view keeps K/T per program (``_deeper``).
         """
-        winner_ns, room, price = decision.winner.timing.duration_ns, lane.room, lane.price
-        bound = None
+        room, price = lane.room, lane.price
+        floor_scale = (1.0 - BOUND_MARGIN) * NS_PER_MS / decision.winner.timing.duration_ns
+        best = None
         for source, selected in lane.gains.items():
             view = self._source_view(decision, source)
-            ordinary_depth, deeper = view.full_depths if room > view.deepest + 1 else view.depths_with_room(room)
+            if room > view.deepest + 1:
+                ordinary_depth, deeper = view.full_coefficients
+            else:
+                ordinary_depth, deeper = _coefficients(*view.depths_with_room(room))
+            if not deeper:
+                continue
             means = lane.survival.get(source)
             if selected is not None and means is not None and ordinary_depth < len(selected) <= len(means) + 1:
                 low = high = 1.0 + selected[ordinary_depth]
                 added = means[ordinary_depth - 1] ** self.alpha if ordinary_depth else 1.0
             else:
                 low, high, added = 1.0, 1.0 + ordinary_depth, 1.0
-            floor = price * low * (1.0 - BOUND_MARGIN) * NS_PER_MS / winner_ns
-            for depth, duration_ns in deeper:
-                rate = (price * (high + (depth - ordinary_depth) * added) * (1.0 + BOUND_MARGIN)
-                        * NS_PER_MS / duration_ns)
-                gain = (rate - floor) * (1.0 + BOUND_MARGIN) * NS_PER_MS / duration_ns
-                bound = gain if bound is None else max(bound, gain)
-        return bound
+            floor = low * floor_scale
+            for drafts, per_ms in deeper:
+                gain = ((high + drafts * added) * per_ms - floor) * per_ms
+                if best is None or gain > best:
+                    best = gain
+        return None if best is None else price * best
 
     def _probe_lanes(self, decision: Decision) -> list["_PricedLane"]:
         """The winner's priced decode lanes, in lane order, read from the decision's population.
@@ -281,7 +293,17 @@ class Explorer:
         higher rate and the higher gain per ms; equal durations go to the
         smaller geometry (P, then B), as the probe ranking would. Keeping
         only it changes no outcome and spares ranking every batch size.
+        Kept per timing list (the core's lists are replaced, never changed,
+        when a timing changes), like the stale list.
         """
+        if self._programs_timings is not timings:
+            self._programs_timings, self._programs_of = timings, {}
+        found = self._programs_of.get(source)
+        if found is None:
+            found = self._programs_of[source] = self._measured_programs(source, timings)
+        return found
+
+    def _measured_programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
         best: dict[int, WidthProgram] = {}
         for i, g in enumerate(self.graphs):
             if g.kind not in GENERATION_KINDS or self.infos[i].source != source or not timings[i].known:
@@ -342,14 +364,22 @@ class _SourceView:
     ordinary: WidthProgram
     deepest: int  # the largest draft cap min(W - 1, D) among the programs and the ordinary one
     full_depths: tuple[int, list[tuple[int, int]]]
+    full_coefficients: tuple[int, list[tuple[int, float]]]  # ``_coefficients`` of ``full_depths``
 
     @classmethod
     def of(cls, programs: list[WidthProgram], ordinary: WidthProgram) -> "_SourceView":
         deepest = max(_draft_cap(p) for p in (ordinary, *programs))
-        return cls(programs, ordinary, deepest, _depths_with_room(programs, ordinary, deepest + 2))
+        full = _depths_with_room(programs, ordinary, deepest + 2)
+        return cls(programs, ordinary, deepest, full, _coefficients(*full))
 
     def depths_with_room(self, room: int) -> tuple[int, list[tuple[int, int]]]:
         return _depths_with_room(self.programs, self.ordinary, room)
+
+
+def _coefficients(ordinary_depth: int, deeper: list[tuple[int, int]]) -> tuple[int, list[tuple[int, float]]]:
+    """``_gain_bound``'s per-program numbers: (drafts added over the ordinary depth, K / duration)."""
+    scale = (1.0 + BOUND_MARGIN) * NS_PER_MS
+    return ordinary_depth, [(depth - ordinary_depth, scale / duration_ns) for depth, duration_ns in deeper]
 
 
 def _draft_cap(program: WidthProgram) -> int:
