@@ -569,7 +569,7 @@ def _groups(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo]) -> tu
         if g.kind in GENERATION_KINDS and not info.prefix_limit and not g.ragged:
             key = (_score_rectangular, info.source, info.width, 0)
         elif g.kind is GraphKind.PREFILL:
-            key = (_score_prefill, None, 1, g.prefill_capacity)
+            key = (_score_prefill, None, 1, 0)  # one group: each member reads its capacity's ranking
         elif g.kind is GraphKind.MIXED:
             key = (_score_mixed, info.source, info.width, g.prefill_capacity)
         elif g.kind in _CANDIDATES:
@@ -869,8 +869,19 @@ def _score_rectangular(sel: _Selector, group: _Group, graphs, timings, out: list
 
 
 def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
-    for index in group.members:
-        out[index] = _prefill_candidate(sel, index, graphs[index], timings[index])
+    """Every prefill program: ``_prefill_candidate`` of each, written out like ``_score_rectangular``.
+
+    (``value_rate`` of the cohort's value with no age term: base / T - T/2 * sum c.)
+    """
+    active, durations = sel.pop.active_age_price, sel.t_ms
+    for index, batch in group.batches:
+        ranked, tokens = sel.prompt_ranking(graphs[index].prefill_capacity)
+        n = len(ranked.values)
+        k = batch if batch < n else n
+        if k:
+            t = durations[index]
+            score = ranked.prefix[k] / t - 0.5 * t * active if t > 0.0 else ranked.prefix[k]
+            out[index] = (t <= 0.0, score), index, (ranked, tokens, k)
 
 
 def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
