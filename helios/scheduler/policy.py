@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import Callable, Mapping, Sequence
@@ -604,18 +603,14 @@ def _logical_width(graph: GraphDescriptor) -> int:
 def _decode_lanes(sel: _Selector, r: _DecodeRanking, k: int, ceilings: bool) -> list[PlannedLane]:
     """The best ``k`` members of ``r`` as decode lanes (ranking order).
 
-    A winner may hold 64 lanes, so they are made as the named tuples they
-    are, fields in declaration order, without a Python-level constructor call:
-    (handle, phase, prompt_start, prompt_tokens, query_length, ceiling, expected_tokens, finishes_prompt).
+    A winner may hold 64 lanes, so they are made by ``map`` with positional
+    fields: (handle, phase, prompt_start, prompt_tokens, query_length, ceiling,
+    expected_tokens, finishes_prompt).
     """
     handles = map(sel.pop.decoders.handle.__getitem__, r.members[:k])
     lengths = r.lengths[:k]
-    fields = zip(handles, repeat(LanePhase.DECODE), repeat(0), repeat(0), lengths,
-                 lengths if ceilings else repeat(0), r.expected, repeat(False))
-    return list(map(_new_lane, fields))
-
-
-_new_lane = partial(tuple.__new__, PlannedLane)
+    return list(map(PlannedLane, handles, repeat(LanePhase.DECODE), repeat(0), repeat(0), lengths,
+                    lengths if ceilings else repeat(0), r.expected, repeat(False)))
 
 
 def _prompt_lane(sel: _Selector, i: int, tokens: int) -> PlannedLane:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
 
 
 class GraphKind(str, Enum):
@@ -161,12 +160,14 @@ class AdmitRequest:
     greedy: bool = True
 
 
-class PlannedLane(NamedTuple):
+@dataclass(slots=True)
+class PlannedLane:
     """One active row of a plan: whose, which phase, how much work.
 
-    Immutable like the other plan types, but a named tuple rather than a
-    frozen dataclass: a decision may build 64 of them, and a frozen
-    dataclass's field-by-field initialisation cost three times as much.
+    Treat it as immutable once planned, like the rest of a ``ScheduledPlan``.
+    It is not declared frozen because a decision builds up to 64 of them and
+    a frozen dataclass's field-by-field initialisation cost four times as
+    much (1.5 us against 0.4 us a lane on the development machine).
     """
 
     handle: RequestHandle
