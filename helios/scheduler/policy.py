@@ -850,17 +850,20 @@ def _score_rectangular(sel: _Selector, group: _Group, graphs, timings, out: list
         return
     active = sel.pop.active_age_price
     prefix, slopes, uniform, durations = untimed.ranked.prefix, untimed.slope_prefix, untimed.uniform_slope, sel.t_ms
+    scores, payloads = out.scores, out.payloads
     for index, batch in group.batches:
         t = durations[index]
         k = batch if batch < n else n
         if t <= 0.0:
-            out[index] = (True, prefix[k]), index, (untimed, k)
+            out.entries[index] = (True, prefix[k]), index, (untimed, k)
         elif uniform:
-            out[index] = (False, (prefix[k] + slopes[k] * t) / t - 0.5 * t * active), index, (untimed, k)
+            scores[index] = (prefix[k] + slopes[k] * t) / t - 0.5 * t * active
+            payloads[index] = (untimed, k)
         else:
             timing = timings[index]
             r = sel.decode_ranking(group.source, group.width, timing)
-            out[index] = (False, _score(r.ranked.prefix[k], r.slope_prefix[k], timing, active)), index, (r, k)
+            scores[index] = _score(r.ranked.prefix[k], r.slope_prefix[k], timing, active)
+            payloads[index] = (r, k)
 
 
 def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
@@ -875,8 +878,11 @@ def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) ->
         k = batch if batch < n else n
         if k:
             t = durations[index]
-            score = ranked.prefix[k] / t - 0.5 * t * active if t > 0.0 else ranked.prefix[k]
-            out[index] = (t <= 0.0, score), index, (ranked, tokens, k)
+            if t > 0.0:
+                out.scores[index] = ranked.prefix[k] / t - 0.5 * t * active
+                out.payloads[index] = (ranked, tokens, k)
+            else:
+                out.entries[index] = (True, ranked.prefix[k]), index, (ranked, tokens, k)
 
 
 def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
@@ -890,7 +896,7 @@ def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> N
     prompts = sel.prompt_ranking(group.prefill_capacity)
     if not untimed.uniform_slope:
         for index in group.members:
-            out[index] = _mixed_entry(sel, index, graphs[index], timings[index], untimed, prompts)
+            out.add(_mixed_entry(sel, index, graphs[index], timings[index], untimed, prompts))
         return
     ranked, tokens = prompts
     has_row = len(ranked) > 0 and group.prefill_capacity > 0
@@ -909,21 +915,23 @@ def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> N
                 value = row_value + prefix[k2]
                 with_row = (value + slopes[k2] * t) / t - 0.5 * t * active if known else value
                 if with_row >= score:
-                    out[index] = (not known, with_row), index, (untimed, row, k2, tokens)
+                    out.put(index, known, with_row, (untimed, row, k2, tokens))
                     continue
-            out[index] = (not known, score), index, (untimed, None, k, tokens)
+            out.put(index, known, score, (untimed, None, k, tokens))
         elif has_row:
             k2 = batch - 1 if batch - 1 < n else n
             value = row_value + prefix[k2]
             with_row = (value + slopes[k2] * t) / t - 0.5 * t * active if known else value
-            out[index] = (not known, with_row), index, (untimed, row, k2, tokens)
+            out.put(index, known, with_row, (untimed, row, k2, tokens))
 
 
 def _score_one_by_one(sel: _Selector, group: _Group, graphs, timings, out: list) -> None:
     """Ragged and prefix-limit programs: their own candidate functions (which may defer)."""
     for index in group.members:
         graph = graphs[index]
-        out[index] = _CANDIDATES[graph.kind](sel, index, graph, timings[index])
+        found = _CANDIDATES[graph.kind](sel, index, graph, timings[index])
+        if found is not None:
+            out.entries[index] = found
 
 
 _CANDIDATES = {
@@ -944,6 +952,62 @@ _BUILT = {
 # ---------------------------------------------------------------------------
 # Filters and the final choice
 # ---------------------------------------------------------------------------
+
+
+_MISSING = -math.inf  # ``_Out.scores`` of a graph with no measured candidate (scores are finite)
+
+
+class _Out:
+    """Where the group scorers write a decision's candidates.
+
+    A measured program's score and payload go to two flat lists indexed by
+    catalog position (no per-program rank tuple: the leader is then found by
+    ``max``, ``count`` and ``index`` over plain floats); anything else -- an
+    unknown duration's entry, a deferred candidate, a ragged or prefix-limit
+    program's own result -- goes to ``entries`` as the full entry it is.
+    """
+
+    __slots__ = ("scores", "payloads", "entries")
+
+    def __init__(self, size: int) -> None:
+        self.scores: list[float] = [_MISSING] * size
+        self.payloads: list = [None] * size
+        self.entries: dict[int, object] = {}
+
+    def put(self, index: int, known: bool, score: float, payload) -> None:
+        if known:
+            self.scores[index] = score
+            self.payloads[index] = payload
+        else:
+            self.entries[index] = (True, score), index, payload
+
+    def add(self, entry) -> None:
+        if entry is not None:
+            self.entries[entry[1]] = entry
+
+    def entry(self, index: int):
+        """The classic ``(rank key, index, payload)`` entry of a graph, or None (or a ``_Deferred``)."""
+        score = self.scores[index]
+        if score != _MISSING:
+            return (False, score), index, self.payloads[index]
+        return self.entries.get(index)
+
+    def all_entries(self) -> list:
+        """Every graph's entry in catalog order (deferred candidates included), as the scorers once wrote them."""
+        return [self.entry(index) for index in range(len(self.scores))]
+
+
+class _FlatIndex:
+    """``_Scored.by_index`` read straight from ``_Out`` (the fast path builds no dict)."""
+
+    __slots__ = ("out",)
+
+    def __init__(self, out: _Out) -> None:
+        self.out = out
+
+    def get(self, index: int):
+        found = self.out.entry(index)
+        return found if type(found) is tuple else None
 
 
 class _Scored:
@@ -1129,9 +1193,14 @@ def select(
     sel = _Selector(population, described)
     sel.t_ms = durations if durations is not None else durations_ms(timings)
     scored = _Scored(sel, graphs, timings)
-    found: list = [None] * len(graphs)
+    out = _Out(len(graphs))
     for group in described.groups:
-        group.scorer(sel, group, graphs, timings, found)
+        group.scorer(sel, group, graphs, timings, out)
+    if not out.entries:
+        fast = _measured_leader(sel, scored, out)
+        if fast is not None:
+            return fast
+    found = out.all_entries()
     # catalog order: ties keep it (U8)
     scored.add_all([c for c in found if type(c) is tuple])
     deferred = [c for c in found if type(c) is _Deferred]
@@ -1149,6 +1218,31 @@ def select(
     best = max(tied, key=_Candidate.tie_key)
     lanes, prefill_row = best.build()
     log_scale = decision_log_scale(scored.magnitude())
+    return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row)
+
+
+def _measured_leader(sel: _Selector, scored: _Scored, out: _Out) -> Choice | None:
+    """The usual decision, read from the flat scores: every candidate measured and rectangular,
+    mixed or prefill, and one program strictly best and not padding (U12). None otherwise,
+    and then ``select`` ranks every entry as it always has.
+
+    With a single best score there is no tie to break (U8), no deferred program
+    to consult and no unmeasured prefill for D4, so the entry ``select`` would
+    pick is the one at that score.
+    """
+    scores = out.scores
+    top = max(scores, default=_MISSING)
+    if top == _MISSING or scores.count(top) != 1:
+        return None
+    index = scores.index(top)
+    entry = (False, top), index, out.payloads[index]
+    scored.by_index = _FlatIndex(out)
+    if scored.is_dominated(entry):
+        return None
+    best = scored.candidate(entry)
+    lanes, prefill_row = best.build()
+    present = [score for score in scores if score != _MISSING]
+    log_scale = decision_log_scale(max(abs(top), abs(min(present))))
     return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row)
 
 
