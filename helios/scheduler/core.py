@@ -51,7 +51,6 @@ from helios.scheduler.refresh import EXPLORATION_REASONS, ExplorationAccounts, R
 from helios.scheduler.service import (
     DeliveryFamily,
     MIN_RATE_PER_MS,
-    FrameService,
     ServiceHistory,
     decay_factor,
     fair_token_rate,
@@ -124,7 +123,7 @@ class RequestState:
         return not (self.cancelled or self.finished)
 
     def room(self) -> int:
-        """Output tokens it may still commit beyond everything already submitted (``rounds.output_room``)."""
+        """Output tokens it may still commit beyond everything already submitted (its limit and context)."""
         return max(0, self.output_cap - self.produced - self.queued_output)
 
     def next_endpoint_distance(self, position: int) -> int:
@@ -162,35 +161,28 @@ class Frame:
     queued: bool  # committed behind another frame: its service interval is the device one (A3)
     members: frozenset[RequestHandle] = frozenset()  # the participants, for membership tests
     lanes_by_handle: dict[RequestHandle, PlannedLane] = field(default_factory=dict)
-    # A10 queue projection, frozen at commit: each participant's expected service
-    # (zero for those without a lane) and the frame's decay factor, shared by all
-    projection: dict[RequestHandle, FrameService] = field(default_factory=dict)
+    # A10 queue projection, frozen at commit: the frame's decay factor, shared by all, and per
+    # participant (zero service for those without a lane) the parts of ``service.blend`` over
+    # this frame that do not depend on the rate: ((1 - decay) * tokens / duration, the same for
+    # deliveries, the first-burst delivery rate of A5, whether it delivers)
     decay: float = 1.0
-    # per participant, the parts of ``service.blend`` over this frame that do not depend on
-    # the rate: ((1 - decay) * tokens / duration, the same for deliveries, the first-burst
-    # delivery rate of A5, whether it delivers)
     terms: dict[RequestHandle, tuple[float, float, float, bool]] = field(default_factory=dict)
 
     @classmethod
     def submitted(cls, fence, plan, participants, normalizer, end_ns, queued, adaptation_ms) -> "Frame":
         lanes = {lane.handle: lane for lane in plan.lanes}
         duration_ms = max(plan.estimated_duration_ns, 1) / 1e6
-        idle = FrameService(0.0, 0.0, duration_ms)
-        projection = {h: idle for h in participants}
-        for lane in plan.lanes:
-            tokens = lane.expected_tokens + lane.prompt_tokens
-            deliveries = 1.0 if lane.phase is LanePhase.DECODE else 0.0
-            if lane.handle in projection:
-                projection[lane.handle] = FrameService(tokens, deliveries, duration_ms)
         decay = decay_factor(duration_ms, adaptation_ms)
         rest = 1.0 - decay
-        terms = {h: (rest * p.tokens / p.duration_ms, rest * p.deliveries / p.duration_ms,
-                     p.deliveries / p.duration_ms, p.deliveries > 0) for h, p in projection.items()}
+        terms = dict.fromkeys(participants, (0.0, 0.0, 0.0, False))
+        for lane in plan.lanes:
+            if lane.handle in terms:
+                tokens = lane.expected_tokens + lane.prompt_tokens
+                deliveries = 1.0 if lane.phase is LanePhase.DECODE else 0.0
+                terms[lane.handle] = (rest * tokens / duration_ms, rest * deliveries / duration_ms,
+                                      deliveries / duration_ms, deliveries > 0)
         return cls(fence, plan, participants, normalizer, end_ns, queued, frozenset(participants), lanes,
-                   projection, decay, terms)
-
-    def lane_for(self, handle: RequestHandle) -> PlannedLane | None:
-        return self.lanes_by_handle.get(handle)
+                   decay, terms)
 
 
 def _recency(state: RequestState) -> int:

@@ -269,7 +269,7 @@ class _DecodeRanking:
         if self._expected is None:
             if self.expected_inputs is None:
                 self._expected = [1.0] * len(self.eligible)
-            else:  # expected_tokens(rows[j], lengths[j], rooms[j]) per member, inlined (a winner may hold 64)
+            else:  # S5: 1 + the gains of the first n - 1 drafts, capped by the room, per member
                 order = self.ranked.order
                 rows, rooms = (map(column.__getitem__, order) for column in self.expected_inputs)
                 self._expected = [
@@ -319,12 +319,6 @@ class _SourceColumns:
     shortest: int = 0  # the fewest cumulative gains any row has
     uncapped: bool = False  # no row's room caps its expected tokens at any width it reaches
     slope_prefix: list[float] | None = None  # prefix sums of ``slopes`` (uniform slopes: any order)
-
-
-def expected_tokens(gains: Sequence[float], length: int, room: int) -> float:
-    """1 + the gains of a lane's first ``length`` - 1 drafts, capped by its room (S5)."""
-    e = 1.0 + (gains[length - 1] if length <= len(gains) else gains[-1])
-    return e if e < room else float(room)
 
 
 class _Selector:
@@ -426,7 +420,7 @@ class _Selector:
             values = [p + f for p, f in zip(prices, fixed)]  # one token: 1.0 * p + f, exactly
         else:
             inputs = (rows, rooms)
-            # expected_tokens(g, n, r) * p + f, inlined: this comprehension is the hot loop of a decision
+            # S5's expected tokens min(1 + g[n-1], room) times p, plus f: the hot loop of a decision
             if self.least_room >= width and width <= cols.shortest and cols.uncapped:
                 # n = width for every row, every row reaches it, and no room caps the tokens
                 last = width - 1
@@ -1021,12 +1015,13 @@ class _Scored:
     (U12) -- are ever built.
     """
 
-    def __init__(self, sel: _Selector, graphs: Sequence[GraphDescriptor], timings: Sequence[GraphTiming]) -> None:
+    def __init__(self, sel: _Selector, graphs: Sequence[GraphDescriptor], timings: Sequence[GraphTiming],
+                 by_index: "dict[int, tuple] | _FlatIndex | None" = None) -> None:
         self.sel = sel
         self.graphs = graphs
         self.timings = timings
         self.entries: list[tuple] = []
-        self.by_index: dict[int, tuple] = {}
+        self.by_index = {} if by_index is None else by_index  # entries by catalog index (pruning checks read it)
         self.built: dict[int, _Candidate] = {}
         self._leaders: list[tuple] | None = None  # best_undominated() of the current entries
 
@@ -1132,19 +1127,6 @@ def _dominates(small: tuple[int, ...], large: tuple[int, ...]) -> bool:
     return small != large and all(a <= b for a, b in zip(small, large))
 
 
-def prune_dominated(candidates: Sequence[_Candidate]) -> list[_Candidate]:
-    """U12: for the same logical work, drop shapes that are only larger (padding)."""
-    groups: dict[tuple, list[_Candidate]] = {}
-    for c in candidates:
-        groups.setdefault(c.logical_key(), []).append(c)
-    kept = []
-    for group in groups.values():
-        for c in group:
-            if not any(_dominates(o.capacities(), c.capacities()) for o in group):
-                kept.append(c)
-    return kept
-
-
 def _recency(c: _Candidate, sel: _Selector) -> int:
     by_slot = {}
     for cols in (sel.pop.decoders, sel.pop.prompters):
@@ -1192,14 +1174,14 @@ def select(
     described = described if described is not None else describe(graphs)
     sel = _Selector(population, described)
     sel.t_ms = durations if durations is not None else durations_ms(timings)
-    scored = _Scored(sel, graphs, timings)
     out = _Out(len(graphs))
     for group in described.groups:
         group.scorer(sel, group, graphs, timings, out)
     if not out.entries:
-        fast = _measured_leader(sel, scored, out)
+        fast = _measured_leader(sel, _Scored(sel, graphs, timings, _FlatIndex(out)), out)
         if fast is not None:
             return fast
+    scored = _Scored(sel, graphs, timings)
     found = out.all_entries()
     # catalog order: ties keep it (U8)
     scored.add_all([c for c in found if type(c) is tuple])
@@ -1224,7 +1206,8 @@ def select(
 def _measured_leader(sel: _Selector, scored: _Scored, out: _Out) -> Choice | None:
     """The usual decision, read from the flat scores: every candidate measured and rectangular,
     mixed or prefill, and one program strictly best and not padding (U12). None otherwise,
-    and then ``select`` ranks every entry as it always has.
+    and then ``select`` ranks every entry as it always has. ``scored`` reads its entries
+    from ``out`` (``_FlatIndex``); only the pruning check looks any up.
 
     With a single best score there is no tie to break (U8), no deferred program
     to consult and no unmeasured prefill for D4, so the entry ``select`` would
@@ -1236,7 +1219,6 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out) -> Choice | Non
         return None
     index = scores.index(top)
     entry = (False, top), index, out.payloads[index]
-    scored.by_index = _FlatIndex(out)
     if scored.is_dominated(entry):
         return None
     best = scored.candidate(entry)

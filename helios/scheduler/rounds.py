@@ -12,11 +12,6 @@ from typing import Sequence
 from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 
-def output_room(max_tokens: int, context_limit: int, prompt_tokens: int, produced: int) -> int:
-    """Output tokens a request may still commit: its output limit and its context (S5)."""
-    return max(0, min(max_tokens - produced, context_limit - prompt_tokens - produced))
-
-
 def is_prefix_limit(graph: GraphDescriptor) -> bool:
     """The device allocates this program's target rows within P (S2)."""
     return (

@@ -36,11 +36,6 @@ class StateLayout:
             if getattr(self, name) < 1:
                 raise ValueError(f"StateLayout.{name} must be >= 1, got {getattr(self, name)}")
 
-    @property
-    def max_context(self) -> int:
-        """Tokens one slot can hold (its page-table row full)."""
-        return self.page_size * self.max_pages_per_slot
-
     def new_state(self, config: Qwen3Config, draft: Qwen3Config | None = None,
                   device: torch.device | str = "cpu") -> dict[str, Tensor]:
         """Zeroed state tensors, keyed by their program input names; the draft's
