@@ -62,7 +62,8 @@ class Decoders:
     age_credit      c_i*sigma_i*A_i (A projected to the planning start, A10)
     age_slope       c_i*sigma_i     (multiplies the graph duration T)
     room            output tokens the request may still commit after queued work
-    survival        per proposal source, prefix-survival means s_1, s_2, ... (S5)
+    survival        per proposal source, prefix-survival means s_1 >= s_2 >= ... (S5: a longer prefix never
+                    survives more often; selection's bounds on wider widths rely on it)
     gains           optional, per proposal source: ``cumulative_gains(survival, alpha)``,
                     for callers that keep it between decisions (empty: computed here)
     """
@@ -190,7 +191,6 @@ class _Candidate:
     logical: Callable[[], tuple]  # U12: what the candidate does, independent of its physical shape
     build: Callable[[], tuple[tuple[PlannedLane, ...], int | None]]
     recency: int = 0
-    magnitude: float = 0.0
 
     def rank_key(self) -> tuple:
         return (self.timing.known is False, self.score)
@@ -334,6 +334,7 @@ class _Selector:
         self.cumulative: dict[str, list[list[float] | None]] = {}
         self.fixed: list[float] | None = None
         self.columns: dict[str | None, _SourceColumns] = {}
+        self.gain_prefixes: dict[tuple[str, int], list[float]] = {}  # see next_gains
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
         self.t_ms: list[float] = []  # per graph: its known duration in ms, 0.0 while unknown (set by select)
@@ -405,6 +406,22 @@ class _Selector:
             found.slope_prefix = list(accumulate(slopes, initial=0.0))
         self.columns[source] = found
         return found
+
+    def next_gains(self, source: str, w0: int) -> list[float]:
+        """Prefix sums of the eligible lanes' next gains at width ``w0``, largest first.
+
+        A lane's next gain is its token price times s_w0 ** alpha: the expected
+        tokens one more draft adds (zero past its last survival).
+        """
+        prefix = self.gain_prefixes.get((source, w0))
+        if prefix is None:
+            cols = self.source_columns(source)
+            if w0 < cols.shortest:  # every row has a gain at w0
+                gains = [p * (g[w0] - g[w0 - 1]) for g, p in zip(cols.rows, cols.prices)]
+            else:
+                gains = [p * (g[w0] - g[w0 - 1]) if w0 < len(g) else 0.0 for g, p in zip(cols.rows, cols.prices)]
+            prefix = self.gain_prefixes[(source, w0)] = list(accumulate(sorted(gains, reverse=True), initial=0.0))
+        return prefix
 
     def _rank_decoders(self, source: str | None, width: int, t_ms: float | None) -> _DecodeRanking:
         """Lane values of every eligible decoder at one logical width, ranked once (U9).
@@ -509,6 +526,11 @@ class CatalogInfo:
     prefill_sizes: tuple[int, ...]  # prompt capacities of the prefill graphs (D4)
     groups: tuple[_Group, ...] = ()  # graphs that share their rankings, scored together
     prefill_graphs: tuple[int, ...] = ()  # catalog indices of the prefill graphs
+    # ``groups`` split for ``select``: ``bounded`` are the rectangular and mixed groups of each
+    # proposal source beyond its narrowest logical width, by source then width; ``eager`` the rest
+    eager: tuple[_Group, ...] = ()
+    bounded: tuple[_Group, ...] = ()
+    group_of: tuple[_Group | None, ...] = ()  # per graph: its group (None for graphs no group scores)
 
     def __getitem__(self, index: int) -> GraphInfo:
         return self.graphs[index]
@@ -537,7 +559,26 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
     )
     prefill_sizes = tuple(g.prefill_capacity for g in graphs if g.kind is GraphKind.PREFILL)
     prefill_graphs = tuple(i for i, g in enumerate(graphs) if g.kind is GraphKind.PREFILL)
-    return CatalogInfo(infos, dominators, prefill_sizes, _groups(graphs, infos), prefill_graphs)
+    groups = _groups(graphs, infos)
+    eager, bounded = _split_groups(groups)
+    group_of: list[_Group | None] = [None] * len(graphs)
+    for group in groups:
+        for index in group.members:
+            group_of[index] = group
+    return CatalogInfo(infos, dominators, prefill_sizes, groups, prefill_graphs, eager, bounded, tuple(group_of))
+
+
+def _split_groups(groups: Sequence[_Group]) -> tuple[tuple[_Group, ...], tuple[_Group, ...]]:
+    """(eager, bounded): see ``_score_bounded``. Per proposal source, the rectangular and mixed
+    groups of its narrowest logical width are eager (they give the first bound its base)."""
+    widths: dict[str, int] = {}
+    for group in groups:
+        if group.source is not None and group.scorer in _BOUNDABLE:
+            widths[group.source] = min(widths.get(group.source, group.width), group.width)
+    bounded = [g for g in groups
+               if g.source is not None and g.scorer in _BOUNDABLE and g.width > widths[g.source]]
+    eager = tuple(g for g in groups if all(g is not b for b in bounded))
+    return eager, tuple(sorted(bounded, key=lambda g: (g.source, g.width)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -928,6 +969,90 @@ def _score_one_by_one(sel: _Selector, group: _Group, graphs, timings, out: list)
             out.entries[index] = found
 
 
+_BOUNDABLE = (_score_rectangular, _score_mixed)
+
+
+# ---------------------------------------------------------------------------
+# Wider widths only when they can win
+# ---------------------------------------------------------------------------
+
+# A bound is trusted only with this relative margin over the rounding of the
+# sums it bounds (64 positive terms and a few operations: far below 1e-12).
+_BOUND_MARGIN = 1e-9
+
+
+def _score_bounded(sel: _Selector, groups: Sequence[_Group], graphs, timings, out: _Out) -> list[_Group]:
+    """Score the wider speculative groups that can still reach the best measured score; return the rest.
+
+    Called once the eager groups are scored. Groups come per proposal source,
+    narrowest width first. A lane's expected tokens grow with the width by the
+    survival of each further draft, and survival never rises with depth (S5:
+    prefix survival), so from a width w0 already ranked, width w adds at most
+    (w - w0) times the lane's next gain, p * s_w0 ** alpha. The best k lanes
+    at width w are then worth at most the best k at w0 plus (w - w0) times the
+    best k of those gains; each program of the group is bounded with that value
+    (its own duration, the same age terms; a mixed program also with its best
+    prompt row). A group whose every bound stays below the best score is
+    skipped: it cannot win, tie (U8), or prune the winner as padding
+    (``_measured_leader`` declines when a skipped program could), so the
+    decision is the one scoring everything gives.
+
+    Only lanes sharing one age slope are bounded this way (otherwise rankings
+    depend on the duration), and only while everything scored is measured.
+    """
+    skipped: list[_Group] = []
+    scores = out.scores
+    top = max(scores, default=_MISSING)
+    widest: dict[str, int] = {}  # per source: the widest width ranked so far (the base of its bounds)
+    for group in groups:
+        source = group.source
+        w0 = widest.get(source)
+        if w0 is None:
+            w0 = widest[source] = max(
+                (key[1] for key in sel.decode_rankings if len(key) == 2 and key[0] == source and key[1] < group.width),
+                default=0)
+        if top != _MISSING and not out.entries and w0 and _cannot_reach(sel, group, w0, top):
+            skipped.append(group)
+            continue
+        group.scorer(sel, group, graphs, timings, out)
+        widest[source] = group.width
+        top = max(top, max(map(scores.__getitem__, group.members)))
+    return skipped
+
+
+def _cannot_reach(sel: _Selector, group: _Group, w0: int, top: float) -> bool:
+    """Whether an upper bound of every program of ``group`` is below ``top`` (see ``_score_bounded``)."""
+    cols = sel.source_columns(group.source)
+    base = sel.decode_rankings.get((group.source, w0))
+    if not cols.uniform or base is None:
+        return False
+    gains, steps = sel.next_gains(group.source, w0), group.width - w0
+    value, slopes, n = base.ranked.prefix, cols.slope_prefix, base.size
+    active, durations, margin = sel.pop.active_age_price, sel.t_ms, _BOUND_MARGIN
+    if group.scorer is _score_mixed:
+        ranked, _ = sel.prompt_ranking(group.prefill_capacity)
+        if len(ranked) and group.prefill_capacity:
+            row = ranked.prefix[1]  # the best prompt row beside the best B - 1 decoders
+            for index, batch in group.batches:
+                t = durations[index]
+                if t <= 0.0:
+                    return False
+                k = batch - 1 if batch - 1 < n else n
+                rate, waiting = (row + value[k] + steps * gains[k]) / t + slopes[k], 0.5 * t * active
+                if rate - waiting + margin * (rate + waiting) >= top:
+                    return False
+    for index, batch in group.batches:  # decoders only
+        t = durations[index]
+        if t <= 0.0:
+            return False
+        k = batch if batch < n else n
+        if k:
+            rate, waiting = (value[k] + steps * gains[k]) / t + slopes[k], 0.5 * t * active
+            if rate - waiting + margin * (rate + waiting) >= top:
+                return False
+    return True
+
+
 _CANDIDATES = {
     GraphKind.DECODE: _generation_candidate,
     GraphKind.SPECULATIVE: _generation_candidate,
@@ -1102,11 +1227,6 @@ class _Scored:
                 tied.append(e)
         return tied
 
-    def magnitude(self) -> float:
-        """The largest |score| of the decision (U7's common scaling reads it)."""
-        scores = [rank[1] for rank in map(_rank_of, self.entries)]
-        return max(abs(max(scores)), abs(min(scores)))
-
 
 _rank_of = itemgetter(0)  # an entry's rank key
 
@@ -1175,12 +1295,15 @@ def select(
     sel = _Selector(population, described)
     sel.t_ms = durations if durations is not None else durations_ms(timings)
     out = _Out(len(graphs))
-    for group in described.groups:
+    for group in described.eager:
         group.scorer(sel, group, graphs, timings, out)
+    skipped = _score_bounded(sel, described.bounded, graphs, timings, out)
     if not out.entries:
-        fast = _measured_leader(sel, _Scored(sel, graphs, timings, _FlatIndex(out)), out)
+        fast = _measured_leader(sel, _Scored(sel, graphs, timings, _FlatIndex(out)), out, skipped)
         if fast is not None:
             return fast
+    for group in skipped:  # the general path below ranks every program
+        group.scorer(sel, group, graphs, timings, out)
     scored = _Scored(sel, graphs, timings)
     found = out.all_entries()
     # catalog order: ties keep it (U8)
@@ -1199,11 +1322,10 @@ def select(
             c.recency = _recency(c, sel)
     best = max(tied, key=_Candidate.tie_key)
     lanes, prefill_row = best.build()
-    log_scale = decision_log_scale(scored.magnitude())
-    return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row)
+    return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(best.score)), prefill_row)
 
 
-def _measured_leader(sel: _Selector, scored: _Scored, out: _Out) -> Choice | None:
+def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequence[_Group]) -> Choice | None:
     """The usual decision, read from the flat scores: every candidate measured and rectangular,
     mixed or prefill, and one program strictly best and not padding (U12). None otherwise,
     and then ``select`` ranks every entry as it always has. ``scored`` reads its entries
@@ -1211,21 +1333,25 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out) -> Choice | Non
 
     With a single best score there is no tie to break (U8), no deferred program
     to consult and no unmeasured prefill for D4, so the entry ``select`` would
-    pick is the one at that score.
+    pick is the one at that score. Programs of ``skipped`` groups score below it
+    (``_score_bounded``); if one of them could prune it as padding, this
+    declines too, and ``select`` scores them all.
     """
     scores = out.scores
     top = max(scores, default=_MISSING)
     if top == _MISSING or scores.count(top) != 1:
         return None
     index = scores.index(top)
+    if skipped:
+        group_of, skipped_ids = sel.infos.group_of, {id(group) for group in skipped}
+        if any(id(group_of[other]) in skipped_ids for other in sel.infos.dominators[index]):
+            return None
     entry = (False, top), index, out.payloads[index]
     if scored.is_dominated(entry):
         return None
     best = scored.candidate(entry)
     lanes, prefill_row = best.build()
-    present = [score for score in scores if score != _MISSING]
-    log_scale = decision_log_scale(max(abs(top), abs(min(present))))
-    return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row)
+    return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(top)), prefill_row)
 
 
 def evaluate(

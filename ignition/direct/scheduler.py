@@ -114,7 +114,7 @@ class DirectScheduler(Scheduler):
         best, scored = select.best_decode(self.graphs, timings, population)
         if best is None:
             return None
-        plan = self._as_plan(select.as_choice(best, scored))
+        plan = self._as_plan(select.as_choice(best))
         if self._frames and plan.requires_feedback:
             return None
         self._record(plan, scored)

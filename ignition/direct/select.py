@@ -96,10 +96,9 @@ def best_decode(graphs: Sequence[GraphDescriptor], timings: Sequence[GraphTiming
     return max((c for c in kept if c.rank() == top), key=Candidate.tie), candidates
 
 
-def as_choice(best: Candidate, scored: Sequence[Candidate]) -> Choice:
-    """Helios's plan-building type, with the decision's common scaling (U7)."""
-    log_scale = decision_log_scale(max(abs(c.score) for c in scored))
-    return Choice(best.graph, best.lanes, best.timing, best.score, log_scale, None)
+def as_choice(best: Candidate) -> Choice:
+    """Helios's plan-building type, with the decision's common scaling (U7: from the winner's score)."""
+    return Choice(best.graph, best.lanes, best.timing, best.score, decision_log_scale(abs(best.score)), None)
 
 
 def is_padding(c: Candidate, candidates: Sequence[Candidate]) -> bool:

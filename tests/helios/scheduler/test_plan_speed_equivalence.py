@@ -12,11 +12,15 @@ Each test puts one shortcut against a reference written here, without it:
 - ranked lanes sum their best k over a plain sort of the values and build
   the keyed order (U8's least-recently-used ties) only when read;
 - the lane-value comprehension that drops the room cap when no room can bind
-  gives the S5 values of the capped formula.
+  gives the S5 values of the capped formula;
+- wider speculative widths bounded from a narrower one and skipped when they
+  cannot reach the best score leave the decision as scoring every program
+  makes it (U8 ties and U12 pruning included).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -32,7 +36,7 @@ from helios.scheduler.explore import Decision, Explorer, ProbeSubject
 from helios.scheduler.learning import ProbeLane, best_probe
 from helios.scheduler.service import DeliveryFamily, token_normalizer
 from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
-from helios.scheduler.types import GENERATION_KINDS, LanePhase, PlannedLane, RequestHandle
+from helios.scheduler.types import GENERATION_KINDS, GraphDescriptor, GraphKind, LanePhase, PlannedLane, RequestHandle
 
 MAX_DEPTH = 5
 CATALOG = [decode(1), decode(4), spec(1, 2), spec(4, 2), spec(1, 3), spec(2, 4), spec(1, 6), spec(4, 6)]
@@ -317,3 +321,109 @@ def test_S5_U9_uncapped_shortcut_values_equal_the_capped_formula(seed):
     )
     served = sum(values[: graph.batch_capacity])
     assert choice.score == pytest.approx(served / 5.0, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# U9 / U12 / U8: wider widths skipped by their bound decide what scoring them decides
+# ---------------------------------------------------------------------------
+
+_BOUND_POOL = (
+    [decode(b) for b in (1, 2, 4, 8)]
+    + [spec(b, w) for b in (1, 2, 4, 8) for w in (2, 3, 4, 5, 6)]
+    + [spec(4, 6, depth=3), spec(2, 5, depth=3)]  # logical width capped by the depth
+    + [mixed(b, c) for b in (2, 4) for c in (16, 64)]
+    + [mixed(b, 64, w, w - 1) for b in (2, 4, 8) for w in (2, 3, 5)]
+    + [GraphDescriptor(f"prefill_c{c}", GraphKind.PREFILL, 1, prefill_capacity=c) for c in (16, 64)]
+)
+
+
+def _bounded_case(rng: random.Random):
+    graphs = rng.sample(_BOUND_POOL, rng.randint(2, len(_BOUND_POOL)))
+    tick = rng.choice([0.5, 1.0])  # coarse durations make exact ties between programs
+    timings = [pol.GraphTiming(int(rng.randint(2, 24) * tick * MS), True) for _ in graphs]
+    alpha = rng.choice([1.0, 0.5, 2.0])
+    dec, slope = pol.Decoders(), rng.choice([0.0, 0.05])
+    for slot in range(rng.randint(0, 12)):
+        survival = tuple(sorted((rng.choice([1.0, 0.0, rng.random()]) for _ in range(rng.randint(0, 5))),
+                                reverse=True))
+        dec.handle.append(RequestHandle(slot, slot + 1))
+        dec.token_price.append(rng.choice([1.0, 2.0, rng.uniform(0.1, 4)]))
+        dec.delivery_price.append(rng.choice([0.0, rng.uniform(0, 2)]))
+        dec.age_credit.append(rng.uniform(0, 1))
+        dec.age_slope.append(slope if rng.random() < 0.9 else rng.choice([slope, 0.1]))
+        dec.room.append(rng.choice([1, 2, 3, 10_000]))
+        dec.survival.append({"learned": survival} if rng.random() < 0.9 else {})
+        dec.recency.append(rng.randint(0, 3))
+    prm = pol.Prompters()
+    for slot in range(rng.choice([0, 0, 1, 3])):
+        remaining = rng.choice([8, 64, 300])
+        prm.handle.append(RequestHandle(40 + slot, 1))
+        prm.start.append(0)
+        prm.remaining.append(remaining)
+        prm.to_endpoint.append(remaining)
+        prm.price.append(rng.uniform(0.05, 2))
+        prm.first_token.append(rng.uniform(0, 2))
+        prm.recency.append(rng.randint(0, 3))
+    return graphs, timings, pol.Population(dec, prm, slope * len(dec) * rng.choice([0.0, 1.0]), alpha)
+
+
+@settings(max_examples=EXAMPLES * 4, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_U9_U12_skipped_wider_widths_decide_what_scoring_every_width_decides(seed):
+    """Selection that bounds wider speculative widths from narrower ones and skips those that cannot
+    win picks the graph, the cohort and the score that scoring every program picks, with its
+    ties (U8) and padding pruning (U12): the reference scores every group eagerly."""
+    graphs, timings, population = _bounded_case(random.Random(seed))
+    described = pol.describe(graphs)
+    everything = dataclasses.replace(described, eager=described.groups, bounded=())
+    fast = pol.select(graphs, timings, population, described)
+    plain = pol.select(graphs, timings, population, everything)
+    assert (fast is None) == (plain is None)
+    if fast is not None:
+        assert (fast.graph, fast.lanes, fast.score, fast.log_scale, fast.prefill_row) == \
+            (plain.graph, plain.lanes, plain.score, plain.log_scale, plain.prefill_row)
+
+
+def test_U9_a_wide_width_that_cannot_win_is_never_scored(monkeypatch):
+    """The skip is real: with acceptance that ends after one draft, widths past two gain nothing,
+    cost more, and are never ranked; with full acceptance the widest wins and is ranked."""
+    graphs = [decode(8)] + [spec(8, w) for w in (2, 3, 4, 5, 6)]
+    timings = [pol.GraphTiming(int((3 + w) * MS), True) for w in (1, 2, 3, 4, 5, 6)]
+    described = pol.describe(graphs)
+    ranked = []
+    original = pol._Selector._rank_decoders
+    monkeypatch.setattr(pol._Selector, "_rank_decoders",
+                        lambda self, source, width, t_ms: ranked.append(width) or original(self, source, width, t_ms))
+    for survival, winner_width, widths_ranked in (((1.0, 0.0, 0.0, 0.0, 0.0), 2, [1, 2]),
+                                                   ((1.0,) * 5, 6, [1, 2, 3, 4, 5, 6])):
+        ranked.clear()
+        dec = pol.Decoders()
+        for slot in range(8):
+            dec.handle.append(RequestHandle(slot, slot + 1))
+            for column, value in ((dec.token_price, 1.0), (dec.delivery_price, 0.0), (dec.age_credit, 0.0),
+                                  (dec.age_slope, 0.0), (dec.room, 100), (dec.recency, slot)):
+                column.append(value)
+            dec.survival.append({"learned": survival})
+        choice = pol.select(graphs, timings, pol.Population(dec, pol.Prompters(), 0.0, 1.0), described)
+        assert choice.graph.width == winner_width
+        assert sorted(ranked) == widths_ranked
+
+
+def test_U12_a_skipped_width_still_prunes_a_faster_wider_program_doing_its_work():
+    """Rooms of two make widths three and four do the same work at depth three; the wider
+    program measured faster scores best, but the narrower one (skipped: its bound is below
+    the width-two program) dominates it as padding, so width two wins (U12)."""
+    graphs = [spec(8, 2, depth=1), spec(4, 3, depth=3), spec(4, 4, depth=3)]
+    timings = [pol.GraphTiming(int(ms * MS), True) for ms in (8, 20, 4)]
+    dec = pol.Decoders()
+    for slot in range(4):
+        dec.handle.append(RequestHandle(slot, slot + 1))
+        for column, value in ((dec.token_price, 1.0), (dec.delivery_price, 0.0), (dec.age_credit, 0.0),
+                              (dec.age_slope, 0.0), (dec.room, 2), (dec.recency, slot)):
+            column.append(value)
+        dec.survival.append({"learned": (1.0, 1.0, 1.0)})
+    population = pol.Population(dec, pol.Prompters(), 0.0, 1.0)
+    wide_alone = pol.select(graphs[2:], timings[2:], population)
+    choice = pol.select(graphs, timings, population)
+    assert wide_alone.score == pytest.approx(2.0)  # 4 lanes x 2 tokens in 4 ms: the best score
+    assert choice.graph is graphs[0] and choice.score == pytest.approx(1.0)
