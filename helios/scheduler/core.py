@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Sequence
 
 from helios.scheduler import policy as pol
@@ -112,6 +113,11 @@ class RequestState:
     inflight: int = 0  # submitted, uncompleted frames with a lane for it
     cancelled: bool = False
     finished: bool = False
+    # (slot, generation) of ``handle``: a key hashed in C, which queued frames use (``Frame.terms``)
+    key: tuple[int, int] = field(init=False, default=(0, 0))
+
+    def __post_init__(self) -> None:
+        self.key = (self.handle.slot, self.handle.generation)
 
     @property
     def phase(self) -> LanePhase:
@@ -164,29 +170,33 @@ class Frame:
     # A10 queue projection, frozen at commit: the frame's decay factor, shared by all, and per
     # participant (zero service for those without a lane) the parts of ``service.blend`` over
     # this frame that do not depend on the rate: ((1 - decay) * tokens / duration, the same for
-    # deliveries, the first-burst delivery rate of A5, whether it delivers)
+    # deliveries, the first-burst delivery rate of A5, whether it delivers). Keyed by the
+    # participant's ``RequestState.key``: every decision's snapshot looks each request up, and
+    # a handle's generated hash is a Python call where a tuple of two ints hashes in C.
     decay: float = 1.0
-    terms: dict[RequestHandle, tuple[float, float, float, bool]] = field(default_factory=dict)
+    terms: dict[tuple[int, int], tuple[float, float, float, bool]] = field(default_factory=dict)
 
     @classmethod
-    def submitted(cls, fence, plan, participants, normalizer, end_ns, queued, adaptation_ms) -> "Frame":
+    def submitted(cls, fence, plan, states, normalizer, end_ns, queued, adaptation_ms) -> "Frame":
+        """The frame of ``plan``, whose participants are the live requests ``states``."""
+        participants = tuple(state.handle for state in states)
         lanes = {lane.handle: lane for lane in plan.lanes}
         duration_ms = max(plan.estimated_duration_ns, 1) / 1e6
         decay = decay_factor(duration_ms, adaptation_ms)
         rest = 1.0 - decay
-        terms = dict.fromkeys(participants, (0.0, 0.0, 0.0, False))
-        for lane in plan.lanes:
-            if lane.handle in terms:
+        terms = dict.fromkeys((state.key for state in states), (0.0, 0.0, 0.0, False))
+        for state in states:
+            lane = lanes.get(state.handle)
+            if lane is not None:
                 tokens = lane.expected_tokens + lane.prompt_tokens
                 deliveries = 1.0 if lane.phase is LanePhase.DECODE else 0.0
-                terms[lane.handle] = (rest * tokens / duration_ms, rest * deliveries / duration_ms,
-                                      deliveries / duration_ms, deliveries > 0)
+                terms[state.key] = (rest * tokens / duration_ms, rest * deliveries / duration_ms,
+                                deliveries / duration_ms, deliveries > 0)
         return cls(fence, plan, participants, normalizer, end_ns, queued, frozenset(participants), lanes,
                    decay, terms)
 
 
-def _recency(state: RequestState) -> int:
-    return state.last_selected_ns
+_RECENCY = attrgetter("last_selected_ns")  # least recently selected first (U8 tie order)
 
 
 def lane_output_bound(lane: PlannedLane, graph: GraphDescriptor) -> int:
@@ -460,7 +470,7 @@ class Scheduler:
         so the same floats; ``Frame.terms`` holds each queued frame's part of
         ``blend`` that does not depend on the rate.
         """
-        live = sorted((s for s in self._slots if s is not None and not (s.cancelled or s.finished)), key=_recency)
+        live = sorted([s for s in self._slots if s is not None and not (s.cancelled or s.finished)], key=_RECENCY)
         decoding, prompting = [], []
         counts: dict[str | None, int] = {}  # decoders per delivery family (U5's k), by proposal source
         for s in live:
@@ -479,11 +489,16 @@ class Scheduler:
         c, beta, f, g = policy.decode_age_price, policy.output_token_value, policy.token_fairness, policy.delivery_fairness
         frames = [(frame.terms, frame.decay, frame.end_ns) for frame in self._frames]
         dec, prm = pol.Decoders(), pol.Prompters()
+        # the columns' appends, bound once (nine per decoder, every decision)
+        add_handle, add_token_price = dec.handle.append, dec.token_price.append
+        add_delivery_price, add_age_credit = dec.delivery_price.append, dec.age_credit.append
+        add_age_slope, add_room = dec.age_slope.append, dec.room.append
+        add_survival, add_gains, add_recency = dec.survival.append, dec.gains.append, dec.recency.append
         for s, room in decoding:
             handle, service = s.handle, s.service
             x, z, delivered_ns = service.token_rate, service.delivery_rate, None
             for terms, decay, end_ns in frames:
-                served = terms.get(handle)
+                served = terms.get(s.key)
                 if served is None:
                     continue
                 token_term, delivery_term, first_rate, delivers = served
@@ -504,19 +519,19 @@ class Scheduler:
             reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
             slope = c * sigma if sigma else 0.0
             age_ms = (start_ns - reference) / 1e6
-            dec.handle.append(handle)
-            dec.token_price.append(beta + f / x)
-            dec.delivery_price.append(g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS))
-            dec.age_credit.append(slope * (age_ms if age_ms > 0.0 else 0.0))
-            dec.age_slope.append(slope)
-            dec.room.append(room)
-            dec.survival.append(s.survival)
-            dec.gains.append(s.gains)
-            dec.recency.append(s.last_selected_ns)
+            add_handle(handle)
+            add_token_price(beta + f / x)
+            add_delivery_price(g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS))
+            add_age_credit(slope * (age_ms if age_ms > 0.0 else 0.0))
+            add_age_slope(slope)
+            add_room(room)
+            add_survival(s.survival)
+            add_gains(s.gains)
+            add_recency(s.last_selected_ns)
         for s, room in prompting:
             handle, x = s.handle, s.service.token_rate
             for terms, decay, _ in frames:
-                served = terms.get(handle)
+                served = terms.get(s.key)
                 if served is not None:
                     x = decay * x + served[0]
                     if x < MIN_RATE_PER_MS:
@@ -566,7 +581,8 @@ class Scheduler:
         self._check_commit(plan, fence)
         queued = bool(self._frames)
         start_ns = self._queue_end_ns()
-        participants = tuple(s.handle for s in self._slots if s is not None and s.live)
+        states = tuple(s for s in self._slots if s is not None and s.live)
+        participants = tuple(s.handle for s in states)
         normalizer = self._normalizer()
         self._start_unserved_histories(participants, normalizer)
         for lane in plan.lanes:
@@ -579,7 +595,7 @@ class Scheduler:
         if plan.reason in EXPLORATION_REASONS:
             self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
         self._frames.append(
-            Frame.submitted(fence, plan, participants, normalizer, start_ns + plan.estimated_duration_ns, queued,
+            Frame.submitted(fence, plan, states, normalizer, start_ns + plan.estimated_duration_ns, queued,
                             self.policy.adaptation_ms)
         )
         self._last_fence = fence

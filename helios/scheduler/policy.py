@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Callable, Mapping, Sequence
 
 from helios.scheduler import rounds
@@ -172,7 +172,10 @@ def needs_feedback(graph: GraphDescriptor, timing: GraphTiming, lanes: Sequence[
         return True
     if graph.proposal_source == "copy" and graph.width > 1:
         return True
-    return any(lane.phase is LanePhase.PROMPT for lane in lanes)
+    return LanePhase.PROMPT in map(_PHASE, lanes)
+
+
+_PHASE = attrgetter("phase")
 
 
 # ---------------------------------------------------------------------------
@@ -235,6 +238,8 @@ class _DecodeRanking:
     # what expected tokens are computed from, in eligibility order: (cumulative gains, room) per
     # lane, or None for width-one rows (one token each)
     expected_inputs: tuple[list, list[int]] | None
+    # every lane reaches the full width within its gains and its room: expected tokens are 1 + g[width - 1]
+    uncapped: bool = False
     keys: dict[int, tuple] | None = None  # k -> logical key
     _members: list[int] | None = None
     _lengths: list[int] | None = None
@@ -269,6 +274,9 @@ class _DecodeRanking:
         if self._expected is None:
             if self.expected_inputs is None:
                 self._expected = [1.0] * len(self.eligible)
+            elif self.uncapped:  # the formula below with n = width and no cap that binds: the same floats
+                rows, last = self.expected_inputs[0], self.width - 1
+                self._expected = [1.0 + rows[j][last] for j in self.ranked.order]
             else:  # S5: 1 + the gains of the first n - 1 drafts, capped by the room, per member
                 order = self.ranked.order
                 rows, rooms = (map(column.__getitem__, order) for column in self.expected_inputs)
@@ -319,6 +327,7 @@ class _SourceColumns:
     shortest: int = 0  # the fewest cumulative gains any row has
     uncapped: bool = False  # no row's room caps its expected tokens at any width it reaches
     slope_prefix: list[float] | None = None  # prefix sums of ``slopes`` (uniform slopes: any order)
+    positive: bool = False  # every lane value is positive (token prices positive, the rest not negative)
 
 
 class _Selector:
@@ -334,6 +343,7 @@ class _Selector:
         self.cumulative: dict[str, list[list[float] | None]] = {}
         self.fixed: list[float] | None = None
         self.columns: dict[str | None, _SourceColumns] = {}
+        self.all_slopes: tuple[bool, list[float] | None] | None = None  # (uniform, prefix) of every decoder's slope
         self.gain_prefixes: dict[tuple[str, int], list[float]] = {}  # see next_gains
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
@@ -396,14 +406,22 @@ class _Selector:
             slopes, prices, rooms = [d.age_slope[i] for i in idx], [d.token_price[i] for i in idx], [d.room[i] for i in idx]
             fixed = [fixed[i] for i in idx]
             rows = None if gains is None else [gains[i] for i in idx]
-        found = _SourceColumns(idx, slopes, len(set(slopes)) <= 1, prices, fixed, rows, rooms)
+        if slopes is d.age_slope:  # every decoder: one slope check and prefix for every source
+            if self.all_slopes is None:
+                uniform = len(set(slopes)) <= 1
+                self.all_slopes = (uniform, list(accumulate(slopes, initial=0.0)) if uniform else None)
+            uniform, slope_prefix = self.all_slopes
+        else:
+            uniform = len(set(slopes)) <= 1
+            slope_prefix = list(accumulate(slopes, initial=0.0)) if uniform else None
+        # with uniform slopes every order has the same slope prefix sums
+        found = _SourceColumns(idx, slopes, uniform, prices, fixed, rows, rooms, slope_prefix=slope_prefix,
+                               positive=min(prices, default=0.0) > 0.0 and min(fixed, default=0.0) >= 0.0)
         if rows is not None:
             found.shortest = min(map(len, rows), default=0)
             # gains only grow along a row, so 1 + the largest last gain bounds every row's
             # expected tokens: within the least room, the room never caps them
             found.uncapped = 1.0 + max(map(itemgetter(-1), rows), default=0.0) <= self.least_room
-        if found.uniform:  # every order has the same prefix sums
-            found.slope_prefix = list(accumulate(slopes, initial=0.0))
         self.columns[source] = found
         return found
 
@@ -432,6 +450,7 @@ class _Selector:
         cols = self.source_columns(source)
         idx, prices, fixed, rows, rooms = cols.idx, cols.prices, cols.fixed, cols.rows, cols.rooms
         raw_lengths = None  # every lane's query length is the width itself
+        uncapped = False
         if source is None:
             width, inputs = 1, None
             values = [p + f for p, f in zip(prices, fixed)]  # one token: 1.0 * p + f, exactly
@@ -440,7 +459,7 @@ class _Selector:
             # S5's expected tokens min(1 + g[n-1], room) times p, plus f: the hot loop of a decision
             if self.least_room >= width and width <= cols.shortest and cols.uncapped:
                 # n = width for every row, every row reaches it, and no room caps the tokens
-                last = width - 1
+                last, uncapped = width - 1, True
                 values = [(1.0 + g[last]) * p + f for g, p, f in zip(rows, prices, fixed)]
             else:
                 if self.least_room < width:
@@ -459,7 +478,7 @@ class _Selector:
             slope_prefix = cols.slope_prefix
         else:
             slope_prefix = list(accumulate((cols.slopes[j] for j in ranked.order), initial=0.0))
-        return _DecodeRanking(idx, width, raw_lengths, ranked, slope_prefix, cols.uniform, inputs)
+        return _DecodeRanking(idx, width, raw_lengths, ranked, slope_prefix, cols.uniform, inputs, uncapped)
 
     def _fixed_values(self) -> list[float]:
         """Per decoder: the width-independent part of its lane value (delivery and c*sigma*A)."""
@@ -476,7 +495,10 @@ class _Selector:
         ranking = self.prompt_rankings.get(capacity)
         if ranking is None:
             p = self.pop.prompters
-            tokens = [min(capacity, r) for r in p.remaining]
+            if not p.handle:  # every capacity ranks nobody: one empty ranking for all
+                ranking = self.prompt_rankings[capacity] = self.prompt_rankings.setdefault(None, (RankedLanes([]), []))
+                return ranking
+            tokens = [r if r < capacity else capacity for r in p.remaining]  # min(capacity, r)
             # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes
             values = [t * price + (first if t == left else 0.0)
                       for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
@@ -531,6 +553,13 @@ class CatalogInfo:
     eager: tuple[_Group, ...] = ()
     bounded: tuple[_Group, ...] = ()
     group_of: tuple[_Group | None, ...] = ()  # per graph: its group (None for graphs no group scores)
+    # id of a mixed group -> per member, the rectangular programs of the same source, width and batch
+    siblings: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
+    # id of a mixed group -> (durations list, whether _decode_only_beaten holds for it); and
+    # (source, w0, positive) -> (durations list, _flat_bound_rows)
+    per_durations: dict = field(default_factory=dict, compare=False, repr=False)
+    # per proposal source: (its narrowest bounded width, its bounded groups)
+    bounded_sources: tuple[tuple[str, int, tuple[_Group, ...]], ...] = ()
 
     def __getitem__(self, index: int) -> GraphInfo:
         return self.graphs[index]
@@ -565,7 +594,23 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
     for group in groups:
         for index in group.members:
             group_of[index] = group
-    return CatalogInfo(infos, dominators, prefill_sizes, groups, prefill_graphs, eager, bounded, tuple(group_of))
+    sources: dict[str, list[_Group]] = {}
+    for group in bounded:
+        sources.setdefault(group.source, []).append(group)
+    described = CatalogInfo(
+        infos, dominators, prefill_sizes, groups, prefill_graphs, eager, bounded, tuple(group_of),
+        bounded_sources=tuple((source, min(g.width for g in members), tuple(members)) for source, members in sources.items()),
+    )
+    rectangular = {}
+    for group in groups:
+        if group.scorer is _score_rectangular:
+            for index, batch in group.batches:
+                rectangular.setdefault((group.source, group.width, batch), []).append(index)
+    for group in groups:
+        if group.scorer is _score_mixed and all((group.source, group.width, b) in rectangular for _, b in group.batches):
+            described.siblings[id(group)] = tuple(tuple(rectangular[(group.source, group.width, b)])
+                                                  for _, b in group.batches)
+    return described
 
 
 def _split_groups(groups: Sequence[_Group]) -> tuple[tuple[_Group, ...], tuple[_Group, ...]]:
@@ -906,6 +951,8 @@ def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) ->
 
     (``value_rate`` of the cohort's value with no age term: base / T - T/2 * sum c.)
     """
+    if not sel.pop.prompters.handle:
+        return
     active, durations = sel.pop.active_age_price, sel.t_ms
     for index, batch in group.batches:
         ranked, tokens = sel.prompt_ranking(graphs[index].prefill_capacity)
@@ -1003,6 +1050,8 @@ def _score_bounded(sel: _Selector, groups: Sequence[_Group], graphs, timings, ou
     skipped: list[_Group] = []
     scores = out.scores
     top = max(scores, default=_MISSING)
+    if top != _MISSING and not out.entries and groups and _none_can_reach(sel, top):
+        return list(groups)
     widest: dict[str, int] = {}  # per source: the widest width ranked so far (the base of its bounds)
     for group in groups:
         source = group.source
@@ -1020,8 +1069,83 @@ def _score_bounded(sel: _Selector, groups: Sequence[_Group], graphs, timings, ou
     return skipped
 
 
+def _none_can_reach(sel: _Selector, top: float) -> bool:
+    """``_cannot_reach`` of every bounded group at once, from the narrowest width ranked: one
+    comprehension over all their programs, and one more per prompt capacity whose best row
+    may ride in a mixed program (the usual decision, where nothing wide can win).
+
+    The decoders-only cohorts of mixed programs beaten by a faster rectangular
+    sibling (``_decode_only_beaten``) are left out, as ``_cannot_reach`` leaves them.
+    """
+    active, margin, prompters = sel.pop.active_age_price, _BOUND_MARGIN, bool(sel.pop.prompters.handle)
+    for source, first_width, groups in sel.infos.bounded_sources:
+        cols = sel.source_columns(source)
+        w0 = max((key[1] for key in sel.decode_rankings if len(key) == 2 and key[0] == source and key[1] < first_width),
+                 default=0)
+        base = sel.decode_rankings.get((source, w0))
+        if not cols.uniform or base is None:
+            return False
+        flat = _flat_bound_rows(sel, source, groups, w0, cols.positive)
+        if flat is None:
+            return False
+        gains, value, slopes, n = sel.next_gains(source, w0), base.ranked.prefix, cols.slope_prefix, base.size
+        for capacity, (rows, inverse, steps_inverse, half) in flat.items():
+            if not rows:
+                continue
+            if capacity:  # the best prompt row of that capacity beside the best B - 1 decoders
+                if not prompters:
+                    continue
+                row = sel.prompt_ranking(capacity)[0].prefix[1]
+                best = max([(row + value[k]) * inv + gains[k] * s_inv + slopes[k] - t_half * active
+                            for b, inv, s_inv, t_half in rows for k in (b - 1 if b - 1 < n else n,)])
+            else:  # decoders only
+                row = 0.0
+                best = max([value[k] * inv + gains[k] * s_inv + slopes[k] - t_half * active
+                            for b, inv, s_inv, t_half in rows for k in (b if b < n else n,)])
+            if best + margin * ((row + value[n]) * inverse + gains[n] * steps_inverse + slopes[n] + half * active) >= top:
+                return False
+    return True
+
+
+def _flat_bound_rows(sel: _Selector, source: str, groups: Sequence[_Group], w0: int, positive: bool):
+    """The programs of ``groups`` for ``_none_can_reach``, or None if a duration is unknown.
+
+    By prompt capacity (0: decoders-only cohorts, which beaten mixed programs
+    leave out): per program (batch, 1/T, (width - w0)/T, T/2), and the largest
+    1/T, (width - w0)/T and T/2. Kept for one durations list.
+    """
+    durations = sel.t_ms
+    key = (source, w0, positive)
+    cached = sel.infos.per_durations.get(key)
+    if cached is not None and cached[0] is durations:
+        return cached[1]
+    by_capacity: dict[int, list] = {0: []}
+    for group in groups:
+        steps = group.width - w0
+        rows = [(batch, 1.0 / t, steps / t, 0.5 * t) for index, batch in group.batches if (t := durations[index]) > 0.0]
+        if len(rows) < len(group.batches):
+            sel.infos.per_durations[key] = (durations, None)
+            return None
+        if group.scorer is _score_mixed:
+            if group.prefill_capacity:
+                by_capacity.setdefault(group.prefill_capacity, []).extend(rows)
+            if positive and _decode_only_beaten(sel, group):
+                continue
+        by_capacity[0].extend(rows)
+    flat = {capacity: (rows, max((r[1] for r in rows), default=0.0), max((r[2] for r in rows), default=0.0),
+                       max((r[3] for r in rows), default=0.0)) for capacity, rows in by_capacity.items()}
+    sel.infos.per_durations[key] = (durations, flat)
+    return flat
+
+
 def _cannot_reach(sel: _Selector, group: _Group, w0: int, top: float) -> bool:
-    """Whether an upper bound of every program of ``group`` is below ``top`` (see ``_score_bounded``)."""
+    """Whether an upper bound of every program of ``group`` is below ``top`` (see ``_score_bounded``).
+
+    A program of batch B and duration T takes k = min(B, n) lanes (a mixed one
+    may take its best prompt row and min(B - 1, n) lanes instead) and scores at
+    most (its bounded value) / T plus the slope prefix at k, less T/2 * sum c.
+    Each bound is trusted with a margin of ``_BOUND_MARGIN`` times its terms.
+    """
     cols = sel.source_columns(group.source)
     base = sel.decode_rankings.get((group.source, w0))
     if not cols.uniform or base is None:
@@ -1041,6 +1165,8 @@ def _cannot_reach(sel: _Selector, group: _Group, w0: int, top: float) -> bool:
                 rate, waiting = (row + value[k] + steps * gains[k]) / t + slopes[k], 0.5 * t * active
                 if rate - waiting + margin * (rate + waiting) >= top:
                     return False
+        if _decode_only_beaten(sel, group):
+            return True
     for index, batch in group.batches:  # decoders only
         t = durations[index]
         if t <= 0.0:
@@ -1051,6 +1177,29 @@ def _cannot_reach(sel: _Selector, group: _Group, w0: int, top: float) -> bool:
             if rate - waiting + margin * (rate + waiting) >= top:
                 return False
     return True
+
+
+def _decode_only_beaten(sel: _Selector, group: _Group) -> bool:
+    """Whether every program of a mixed ``group`` scores its decoders-only cohort strictly below
+    a rectangular program of the same source, width and batch measured faster.
+
+    The two take the same lanes, worth the same (positive) value; over a
+    longer duration that value earns a lower rate and the waiting cost is
+    larger (U6). So such a cohort never wins or ties (U8): the rectangular
+    program, scored or bounded below the best score, is ahead of it.
+    """
+    cols = sel.source_columns(group.source)
+    if not cols.positive:
+        return False
+    durations = sel.t_ms
+    cached = sel.infos.per_durations.get(id(group))
+    if cached is None or cached[0] is not durations:
+        siblings = sel.infos.siblings.get(id(group))
+        beaten = siblings is not None and all(
+            durations[index] > 0.0 and any(0.0 < durations[other] < durations[index] for other in others)
+            for index, others in zip(group.members, siblings))
+        cached = sel.infos.per_durations[id(group)] = (durations, beaten)
+    return cached[1]
 
 
 _CANDIDATES = {
@@ -1295,9 +1444,14 @@ def select(
     sel = _Selector(population, described)
     sel.t_ms = durations if durations is not None else durations_ms(timings)
     out = _Out(len(graphs))
+    skipped = []  # groups whose programs cannot win (the general path scores them)
     for group in described.eager:
+        if group.scorer is _score_mixed and _decode_only_beaten(sel, group) and not (
+                group.prefill_capacity and sel.pop.prompters.handle):
+            skipped.append(group)  # no prompt row to carry: its decoders run faster elsewhere
+            continue
         group.scorer(sel, group, graphs, timings, out)
-    skipped = _score_bounded(sel, described.bounded, graphs, timings, out)
+    skipped += _score_bounded(sel, described.bounded, graphs, timings, out)
     if not out.entries:
         fast = _measured_leader(sel, _Scored(sel, graphs, timings, _FlatIndex(out)), out, skipped)
         if fast is not None:
@@ -1346,12 +1500,24 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequen
         group_of, skipped_ids = sel.infos.group_of, {id(group) for group in skipped}
         if any(id(group_of[other]) in skipped_ids for other in sel.infos.dominators[index]):
             return None
-    entry = (False, top), index, out.payloads[index]
-    if scored.is_dominated(entry):
-        return None
+    payloads, graphs = out.payloads, scored.graphs
+    entry = (False, top), index, payloads[index]
+    # is_dominated's first test (the same served count and depth) on the flat payloads
+    served, depth = _flat_served(graphs[index], payloads[index]), graphs[index].proposal_depth
+    if any(payloads[other] is not None and graphs[other].proposal_depth == depth
+           and _flat_served(graphs[other], payloads[other]) == served for other in sel.infos.dominators[index]):
+        if scored.is_dominated(entry):
+            return None
     best = scored.candidate(entry)
     lanes, prefill_row = best.build()
     return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(top)), prefill_row)
+
+
+def _flat_served(graph: GraphDescriptor, payload) -> int:
+    """``_Scored.served`` of a measured program's flat payload."""
+    if graph.kind is GraphKind.MIXED:
+        return payload[2] + (payload[1] is not None)
+    return payload[-1]
 
 
 def evaluate(

@@ -343,16 +343,17 @@ def _bounded_case(rng: random.Random):
     timings = [pol.GraphTiming(int(rng.randint(2, 24) * tick * MS), True) for _ in graphs]
     alpha = rng.choice([1.0, 0.5, 2.0])
     dec, slope = pol.Decoders(), rng.choice([0.0, 0.05])
+    speculating = rng.random() < 0.7  # otherwise decode and mixed programs compete alone
     for slot in range(rng.randint(0, 12)):
         survival = tuple(sorted((rng.choice([1.0, 0.0, rng.random()]) for _ in range(rng.randint(0, 5))),
                                 reverse=True))
         dec.handle.append(RequestHandle(slot, slot + 1))
-        dec.token_price.append(rng.choice([1.0, 2.0, rng.uniform(0.1, 4)]))
+        dec.token_price.append(rng.choice([1.0, 2.0, rng.uniform(0.1, 4), 0.0]))
         dec.delivery_price.append(rng.choice([0.0, rng.uniform(0, 2)]))
         dec.age_credit.append(rng.uniform(0, 1))
         dec.age_slope.append(slope if rng.random() < 0.9 else rng.choice([slope, 0.1]))
         dec.room.append(rng.choice([1, 2, 3, 10_000]))
-        dec.survival.append({"learned": survival} if rng.random() < 0.9 else {})
+        dec.survival.append({"learned": survival} if speculating and rng.random() < 0.9 else {})
         dec.recency.append(rng.randint(0, 3))
     prm = pol.Prompters()
     for slot in range(rng.choice([0, 0, 1, 3])):
@@ -427,3 +428,20 @@ def test_U12_a_skipped_width_still_prunes_a_faster_wider_program_doing_its_work(
     choice = pol.select(graphs, timings, population)
     assert wide_alone.score == pytest.approx(2.0)  # 4 lanes x 2 tokens in 4 ms: the best score
     assert choice.graph is graphs[0] and choice.score == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("mixed_ms, winner", [(5.0, "mixed"), (7.0, "decode")])
+def test_U6_mixed_decoders_only_cohort_is_left_out_only_when_a_faster_rectangular_program_takes_it(mixed_ms, winner):
+    """Without prompts a mixed program serves decoders only: the same lanes as the decode
+    program of its batch, so the faster of the two wins, and the slower is never scored."""
+    graphs = [decode(4), mixed(4, 64)]
+    timings = [pol.GraphTiming(6 * MS, True), pol.GraphTiming(int(mixed_ms * MS), True)]
+    dec = pol.Decoders()
+    for slot in range(4):
+        dec.handle.append(RequestHandle(slot, slot + 1))
+        for column, value in ((dec.token_price, 1.0), (dec.delivery_price, 0.0), (dec.age_credit, 0.0),
+                              (dec.age_slope, 0.0), (dec.room, 100), (dec.recency, slot)):
+            column.append(value)
+        dec.survival.append({})
+    choice = pol.select(graphs, timings, pol.Population(dec, pol.Prompters(), 0.0, 1.0))
+    assert choice.graph.kind.value == winner and choice.score == pytest.approx(4 / min(6.0, mixed_ms))
