@@ -238,6 +238,8 @@ class Scheduler:
         self.policy = policy or PolicyConfig()
         self.cost = CostModel(self.policy.estimate_ttl_ns)
         self._timing = CatalogTiming(self.graphs, self.cost)  # per-graph timings and normalizer, kept current
+        # the last reference intervals (U5): (timing list, decoders per family, sigma per family)
+        self._sigmas: tuple[Sequence[pol.GraphTiming], dict, dict] | None = None
         self.now_ns = 0
         self._slots: list[RequestState | None] = [None] * request_slots
         self._generation = 0
@@ -488,46 +490,61 @@ class Scheduler:
         policy = self.policy
         c, beta, f, g = policy.decode_age_price, policy.output_token_value, policy.token_fairness, policy.delivery_fairness
         frames = [(frame.terms, frame.decay, frame.end_ns) for frame in self._frames]
-        dec, prm = pol.Decoders(), pol.Prompters()
-        # the columns' appends, bound once (nine per decoder, every decision)
-        add_handle, add_token_price = dec.handle.append, dec.token_price.append
-        add_delivery_price, add_age_credit = dec.delivery_price.append, dec.age_credit.append
-        add_age_slope, add_room = dec.age_slope.append, dec.room.append
-        add_survival, add_gains, add_recency = dec.survival.append, dec.gains.append, dec.recency.append
-        for s, room in decoding:
-            handle, service = s.handle, s.service
-            x, z, delivered_ns = service.token_rate, service.delivery_rate, None
-            for terms, decay, end_ns in frames:
-                served = terms.get(s.key)
-                if served is None:
-                    continue
-                token_term, delivery_term, first_rate, delivers = served
-                x = decay * x + token_term
-                if x < MIN_RATE_PER_MS:
-                    x = MIN_RATE_PER_MS
-                if z is not None:
-                    z = decay * z + delivery_term
-                    if z < MIN_RATE_PER_MS:
-                        z = MIN_RATE_PER_MS
-                elif delivers:
-                    z = first_rate
-                if delivers:
-                    delivered_ns = end_ns
-            sigma = sigmas.get(s.family.proposal_source)
-            if z is None:
-                z = 1.0 / sigma if sigma else 1.0
-            reference = delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns
-            slope = c * sigma if sigma else 0.0
-            age_ms = (start_ns - reference) / 1e6
-            add_handle(handle)
-            add_token_price(beta + f / x)
-            add_delivery_price(g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS))
-            add_age_credit(slope * (age_ms if age_ms > 0.0 else 0.0))
-            add_age_slope(slope)
-            add_room(room)
-            add_survival(s.survival)
-            add_gains(s.gains)
-            add_recency(s.last_selected_ns)
+        states = [s for s, _ in decoding]
+        # each column in one comprehension; only the queue projection needs a loop per decoder
+        if frames:
+            rates, deliveries, references = [], [], []
+            add_rate, add_delivery, add_reference = rates.append, deliveries.append, references.append
+            for s in states:
+                service = s.service
+                x, z, delivered_ns = service.token_rate, service.delivery_rate, None
+                for terms, decay, end_ns in frames:
+                    served = terms.get(s.key)
+                    if served is None:
+                        continue
+                    token_term, delivery_term, first_rate, delivers = served
+                    x = decay * x + token_term
+                    if x < MIN_RATE_PER_MS:
+                        x = MIN_RATE_PER_MS
+                    if z is not None:
+                        z = decay * z + delivery_term
+                        if z < MIN_RATE_PER_MS:
+                            z = MIN_RATE_PER_MS
+                    elif delivers:
+                        z = first_rate
+                    if delivers:
+                        delivered_ns = end_ns
+                add_rate(x)
+                add_delivery(z)
+                add_reference(delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns)
+        else:
+            services = [s.service for s in states]
+            rates = [service.token_rate for service in services]
+            deliveries = [service.delivery_rate for service in services]
+            references = [s.last_output_ns or s.decoder_since_ns or s.admitted_ns for s in states]
+        if len(counts) == 1:  # one delivery family: one sigma
+            sigma = sigmas.get(next(iter(counts)))
+            slope, first = (c * sigma, 1.0 / sigma) if sigma else (0.0, 1.0)
+            slopes = [slope] * len(states)
+            deliveries = [first if z is None else z for z in deliveries]
+        else:
+            family_sigmas = [sigmas.get(s.family.proposal_source) for s in states]
+            slopes = [c * sigma if sigma else 0.0 for sigma in family_sigmas]
+            deliveries = [(1.0 / sigma if sigma else 1.0) if z is None else z
+                          for z, sigma in zip(deliveries, family_sigmas)]
+        dec = pol.Decoders(
+            handle=[s.handle for s in states],
+            token_price=[beta + f / x for x in rates],
+            delivery_price=[g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS) for z in deliveries],
+            age_credit=[slope * (age if (age := (start_ns - reference) / 1e6) > 0.0 else 0.0)
+                        for slope, reference in zip(slopes, references)],
+            age_slope=slopes,
+            room=[room for _, room in decoding],
+            survival=[s.survival for s in states],
+            recency=[s.last_selected_ns for s in states],
+            gains=[s.gains for s in states],
+        )
+        prm = pol.Prompters()
         for s, room in prompting:
             handle, x = s.handle, s.service.token_rate
             for terms, decay, _ in frames:
@@ -553,12 +570,16 @@ class Scheduler:
         ``counts`` holds the decoders of each family (keyed by proposal source);
         K is their total, k each family's count.
         """
+        cached = self._sigmas
+        if cached is not None and cached[0] is timings and cached[1] == counts:
+            return cached[2]
         total = sum(counts.values())
         out = {}
         for source, k in counts.items():
             sigma = reference_interval_ms(total, k, self._timing.fastest_shapes(DeliveryFamily(source), timings))
             if sigma is not None:
                 out[source] = sigma
+        self._sigmas = (timings, counts, out)  # the same timing list and counts give the same sigmas
         return out
 
     def _normalizer(self) -> float | None:
