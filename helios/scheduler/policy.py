@@ -553,6 +553,7 @@ class CatalogInfo:
     eager: tuple[_Group, ...] = ()
     bounded: tuple[_Group, ...] = ()
     group_of: tuple[_Group | None, ...] = ()  # per graph: its group (None for graphs no group scores)
+    same_depth_dominators: tuple[tuple[int, ...], ...] = ()  # ``dominators`` of the graph's proposal depth
     # id of a mixed group -> per member, the rectangular programs of the same source, width and batch
     siblings: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
     # id of a mixed group -> (durations list, whether _decode_only_beaten holds for it); and
@@ -600,6 +601,8 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
     described = CatalogInfo(
         infos, dominators, prefill_sizes, groups, prefill_graphs, eager, bounded, tuple(group_of),
         bounded_sources=tuple((source, min(g.width for g in members), tuple(members)) for source, members in sources.items()),
+        same_depth_dominators=tuple(tuple(j for j in found if graphs[j].proposal_depth == graphs[i].proposal_depth)
+                                    for i, found in enumerate(dominators)),
     )
     rectangular = {}
     for group in groups:
@@ -680,17 +683,10 @@ def _logical_width(graph: GraphDescriptor) -> int:
 # ---------------------------------------------------------------------------
 
 
-def _decode_lanes(sel: _Selector, r: _DecodeRanking, k: int, ceilings: bool) -> list[PlannedLane]:
-    """The best ``k`` members of ``r`` as decode lanes (ranking order).
-
-    A winner may hold 64 lanes, so they are made by ``map`` with positional
-    fields: (handle, phase, prompt_start, prompt_tokens, query_length, ceiling,
-    expected_tokens, finishes_prompt).
-    """
+def _decode_lanes(sel: _Selector, r: _DecodeRanking, k: int) -> list[PlannedLane]:
+    """The best ``k`` members of ``r`` as decode lanes (ranking order); a winner may hold 64."""
     handles = map(sel.pop.decoders.handle.__getitem__, r.members[:k])
-    lengths = r.lengths[:k]
-    return list(map(PlannedLane, handles, repeat(LanePhase.DECODE), repeat(0), repeat(0), lengths,
-                    lengths if ceilings else repeat(0), r.expected, repeat(False)))
+    return PlannedLane.decode_rows(handles, r.lengths[:k], r.expected)
 
 
 def _prompt_lane(sel: _Selector, i: int, tokens: int) -> PlannedLane:
@@ -742,7 +738,7 @@ def _built_generation(sel: _Selector, index: int, graph: GraphDescriptor, timing
         served=k,
         padding=graph.target_rows - r.length_prefix_at(k),
         logical=logical,
-        build=lambda: (tuple(_decode_lanes(sel, r, k, False)), None),
+        build=lambda: (tuple(_decode_lanes(sel, r, k)), None),
     )
 
 
@@ -905,7 +901,7 @@ def _built_mixed(sel: _Selector, index: int, graph: GraphDescriptor, timing: Gra
     rows = r.length_prefix_at(k) + (tokens[prompt] if prompt is not None else 0)
 
     def build():
-        lanes = _decode_lanes(sel, r, k, False)
+        lanes = _decode_lanes(sel, r, k)
         if prompt is None:
             return tuple(lanes), None
         return (_prompt_lane(sel, prompt, tokens[prompt]), *lanes), 0
@@ -1503,9 +1499,9 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequen
     payloads, graphs = out.payloads, scored.graphs
     entry = (False, top), index, payloads[index]
     # is_dominated's first test (the same served count and depth) on the flat payloads
-    served, depth = _flat_served(graphs[index], payloads[index]), graphs[index].proposal_depth
-    if any(payloads[other] is not None and graphs[other].proposal_depth == depth
-           and _flat_served(graphs[other], payloads[other]) == served for other in sel.infos.dominators[index]):
+    served = _flat_served(graphs[index], payloads[index])
+    if any(payloads[other] is not None and _flat_served(graphs[other], payloads[other]) == served
+           for other in sel.infos.same_depth_dominators[index]):
         if scored.is_dominated(entry):
             return None
     best = scored.candidate(entry)

@@ -445,3 +445,15 @@ def test_U6_mixed_decoders_only_cohort_is_left_out_only_when_a_faster_rectangula
         dec.survival.append({})
     choice = pol.select(graphs, timings, pol.Population(dec, pol.Prompters(), 0.0, 1.0))
     assert choice.graph.kind.value == winner and choice.score == pytest.approx(4 / min(6.0, mixed_ms))
+
+
+def test_decode_rows_build_the_lanes_the_constructor_builds():
+    """``PlannedLane.decode_rows`` skips ``__init__``; its lanes equal the constructor's field for field
+    (a field added to the class but not set there leaves it unset and fails the comparison)."""
+    handles = [RequestHandle(slot, slot + 1) for slot in range(5)]
+    lengths, expected = [1, 2, 3, 2, 1], [1.0, 1.5, 2.25, 1.75, 1.0]
+    built = PlannedLane.decode_rows(handles, lengths, expected)
+    plain = [PlannedLane(h, LanePhase.DECODE, query_length=n, expected_tokens=e)
+             for h, n, e in zip(handles, lengths, expected)]
+    assert built == plain
+    assert [dataclasses.astuple(lane) for lane in built] == [dataclasses.astuple(lane) for lane in plain]
