@@ -149,7 +149,8 @@ class Explorer:
         indices = [i for i in self._stale_indices(decision.timings) if self.keys[i] != winner_key]
         if not indices:
             return {}
-        found = pol.evaluate_scores(self.graphs, decision.timings, decision.population, self.infos, indices)
+        found = pol.evaluate_scores(self.graphs, decision.timings, decision.population, self.infos, indices,
+                                    decision.winner.selection)
         best: dict[CostKey, pol.Evaluated] = {}
         for index, choice in found.items():
             key = self.keys[index]
@@ -245,11 +246,15 @@ class Explorer:
         this decision); a lane's proposal sources are the keys of its gains.
         """
         d = decision.population.decoders
-        at = {h: i for i, h in enumerate(d.handle)}
+        # by slot: within one population every slot holds one live request (a handle's
+        # generated hash is a Python call, an int's is not); the handle itself is checked
+        at = {h.slot: i for i, h in enumerate(d.handle)}
         kept = len(d.gains) == len(d)  # the core keeps them; otherwise bounds fall back to the loose form
         out = []
         for lane in decision.winner.lanes:
-            i = at.get(lane.handle)
+            i = at.get(lane.handle.slot)
+            if i is not None and d.handle[i] is not lane.handle and d.handle[i] != lane.handle:
+                i = None  # another generation of the slot: not in this population
             if lane.phase is LanePhase.DECODE and i is not None and d.token_price[i] > 0:
                 gains = d.gains[i] if kept else dict.fromkeys(d.survival[i])
                 out.append(_PricedLane(lane.handle, d.token_price[i], d.room[i], gains, d.survival[i]))
@@ -325,9 +330,11 @@ class Explorer:
     def _probe_choice(self, decision: Decision, probe: ProbeCandidate, handle: RequestHandle) -> pol.Choice:
         """The probe program's own best cohort if it gives the lane its full depth; else the lane alone."""
         index = self.index[probe.program.key]
-        found = pol.evaluate(self.graphs, decision.timings, decision.population, self.infos, [index]).get(index)
+        found = pol.evaluate(self.graphs, decision.timings, decision.population, self.infos, [index],
+                             decision.winner.selection).get(index)
         if found is not None and any(
-            lane.handle == handle and (lane.ceiling or lane.query_length) - 1 >= probe.offered_depth
+            lane.handle.slot == handle.slot and lane.handle == handle  # the slot first: an int comparison
+            and (lane.ceiling or lane.query_length) - 1 >= probe.offered_depth
             for lane in found.lanes
         ):
             return found

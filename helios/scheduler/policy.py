@@ -148,6 +148,9 @@ class Choice:
     score: float  # value rate (known) or optimistic work score (unknown)
     log_scale: float
     prefill_row: int | None
+    # the decision's rankings and columns (a ``_Selector``), which funded exploration
+    # reuses to evaluate other programs on the same population (``evaluate``'s ``selection``)
+    selection: object = field(default=None, compare=False, repr=False)
 
     @property
     def reason(self) -> SelectionReason:
@@ -1472,7 +1475,7 @@ def select(
             c.recency = _recency(c, sel)
     best = max(tied, key=_Candidate.tie_key)
     lanes, prefill_row = best.build()
-    return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(best.score)), prefill_row)
+    return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(best.score)), prefill_row, sel)
 
 
 def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequence[_Group]) -> Choice | None:
@@ -1506,7 +1509,7 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequen
             return None
     best = scored.candidate(entry)
     lanes, prefill_row = best.build()
-    return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(top)), prefill_row)
+    return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(top)), prefill_row, sel)
 
 
 def _flat_served(graph: GraphDescriptor, payload) -> int:
@@ -1522,6 +1525,7 @@ def evaluate(
     population: Population,
     infos: Sequence[GraphInfo],
     indices: Sequence[int],
+    selection: object = None,
 ) -> dict[int, Choice]:
     """Each listed graph's own best cohort, as ``select`` would build it, by catalog index.
 
@@ -1529,7 +1533,7 @@ def evaluate(
     programs that did not win; graphs with nothing to run are left out.
     ``log_scale`` is 0: callers scale by the winning decision's factor.
     """
-    found = evaluate_scores(graphs, timings, population, infos, indices)
+    found = evaluate_scores(graphs, timings, population, infos, indices, selection)
     return {index: evaluated.choice() for index, evaluated in found.items()}
 
 
@@ -1555,10 +1559,18 @@ def evaluate_scores(
     population: Population,
     infos: Sequence[GraphInfo],
     indices: Sequence[int],
+    selection: object = None,
 ) -> dict[int, Evaluated]:
     """``evaluate`` without building lanes: timing refresh ranks every stale program by its
-    score and runs one, so only that one needs its cohort's lanes (64 per program at most)."""
-    sel = _Selector(population, infos)
+    score and runs one, so only that one needs its cohort's lanes (64 per program at most).
+
+    ``selection`` is a ``Choice.selection`` of a decision on the same population:
+    its rankings are reused (they depend on the population alone).
+    """
+    if isinstance(selection, _Selector) and selection.pop is population:
+        sel = selection
+    else:
+        sel = _Selector(population, infos)
     scored = _Scored(sel, graphs, timings)
     out = {}
     for index in indices:
