@@ -473,7 +473,7 @@ class Scheduler:
         ``blend`` that does not depend on the rate.
         """
         live = sorted([s for s in self._slots if s is not None and not (s.cancelled or s.finished)], key=_RECENCY)
-        decoding, prompting = [], []
+        states, rooms, prompting = [], [], []  # decoders and their rooms; prompters with theirs
         counts: dict[str | None, int] = {}  # decoders per delivery family (U5's k), by proposal source
         for s in live:
             room = s.output_cap - s.produced - s.queued_output
@@ -483,14 +483,14 @@ class Scheduler:
                 if room > 0:
                     source = s.family.proposal_source
                     counts[source] = counts.get(source, 0) + 1
-                    decoding.append((s, room))
+                    states.append(s)
+                    rooms.append(room)
             elif not s.queued_prompt:
                 prompting.append((s, room))
         sigmas = self._reference_intervals(counts, timings)
         policy = self.policy
         c, beta, f, g = policy.decode_age_price, policy.output_token_value, policy.token_fairness, policy.delivery_fairness
         frames = [(frame.terms, frame.decay, frame.end_ns) for frame in self._frames]
-        states = [s for s, _ in decoding]
         # each column in one comprehension; only the queue projection needs a loop per decoder
         if frames:
             rates, deliveries, references = [], [], []
@@ -539,7 +539,7 @@ class Scheduler:
             age_credit=[slope * (age if (age := (start_ns - reference) / 1e6) > 0.0 else 0.0)
                         for slope, reference in zip(slopes, references)],
             age_slope=slopes,
-            room=[room for _, room in decoding],
+            room=rooms,
             survival=[s.survival for s in states],
             recency=[s.last_selected_ns for s in states],
             gains=[s.gains for s in states],
@@ -562,7 +562,8 @@ class Scheduler:
             prm.price.append(1.0 + congestion)
             prm.first_token.append(beta + congestion if room > 0 else 0.0)
             prm.recency.append(s.last_selected_ns)
-        return pol.Population(dec, prm, c * len(decoding), policy.adaptive_verification_alpha)
+        return pol.Population(dec, prm, c * len(states), policy.adaptive_verification_alpha,
+                              gain_rows=self._max_depth + 1)  # _refresh_survival keeps every row that long
 
     def _reference_intervals(self, counts: dict[str | None, int], timings) -> dict[str | None, float]:
         """sigma per delivery family, keyed by its proposal source (U5).

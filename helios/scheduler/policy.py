@@ -131,6 +131,10 @@ class Population:
     prompters: Prompters
     active_age_price: float  # sum of c_i over every active decoder (U6 waiting cost)
     alpha: float = 1.0  # adaptive_verification_alpha (S5)
+    # when every gains row in ``decoders.gains`` has this many entries (the core keeps one per
+    # draft depth of the catalog, plus the leading zero) from means of at most one, so no
+    # last gain exceeds gain_rows - 1; None: unknown, the rows are measured
+    gain_rows: int | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -347,6 +351,7 @@ class _Selector:
         self.fixed: list[float] | None = None
         self.columns: dict[str | None, _SourceColumns] = {}
         self.all_slopes: tuple[bool, list[float] | None] | None = None  # (uniform, prefix) of every decoder's slope
+        self.all_positive: bool | None = None  # _SourceColumns.positive of every decoder
         self.gain_prefixes: dict[tuple[str, int], list[float]] = {}  # see next_gains
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
@@ -416,15 +421,26 @@ class _Selector:
             uniform, slope_prefix = self.all_slopes
         else:
             uniform = len(set(slopes)) <= 1
-            slope_prefix = list(accumulate(slopes, initial=0.0)) if uniform else None
-        # with uniform slopes every order has the same slope prefix sums
+            slope_prefix = list(accumulate(slopes, initial=0.0)) if uniform else None  # uniform: any order's
+        if prices is d.token_price and self.all_positive is not None:
+            positive = self.all_positive  # every decoder's, computed for another source
+        else:
+            positive = min(prices, default=0.0) > 0.0 and min(fixed, default=0.0) >= 0.0
+            if prices is d.token_price:
+                self.all_positive = positive
         found = _SourceColumns(idx, slopes, uniform, prices, fixed, rows, rooms, slope_prefix=slope_prefix,
-                               positive=min(prices, default=0.0) > 0.0 and min(fixed, default=0.0) >= 0.0)
+                               positive=positive)
         if rows is not None:
-            found.shortest = min(map(len, rows), default=0)
             # gains only grow along a row, so 1 + the largest last gain bounds every row's
-            # expected tokens: within the least room, the room never caps them
-            found.uncapped = 1.0 + max(map(itemgetter(-1), rows), default=0.0) <= self.least_room
+            # expected tokens: within the least room, the room never caps them; and each gain
+            # is s ** alpha <= 1, so with rows of known length n no last gain exceeds n - 1
+            n = self.pop.gain_rows if len(d.gains) == len(d) else None
+            if n is not None and rows:
+                found.shortest = n
+                found.uncapped = n <= self.least_room or 1.0 + max(map(itemgetter(-1), rows)) <= self.least_room
+            else:
+                found.shortest = min(map(len, rows), default=0)
+                found.uncapped = 1.0 + max(map(itemgetter(-1), rows), default=0.0) <= self.least_room
         self.columns[source] = found
         return found
 
@@ -1497,7 +1513,7 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequen
     index = scores.index(top)
     if skipped:
         group_of, skipped_ids = sel.infos.group_of, {id(group) for group in skipped}
-        if any(id(group_of[other]) in skipped_ids for other in sel.infos.dominators[index]):
+        if any(id(group_of[other]) in skipped_ids for other in sel.infos.same_depth_dominators[index]):
             return None
     payloads, graphs = out.payloads, scored.graphs
     entry = (False, top), index, payloads[index]
@@ -1507,9 +1523,16 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequen
            for other in sel.infos.same_depth_dominators[index]):
         if scored.is_dominated(entry):
             return None
+    graph, log_scale = graphs[index], decision_log_scale(abs(top))
+    if graph.kind in _RECTANGULAR_KINDS:  # what _built_generation's candidate would build: its lanes
+        r, k = payloads[index]
+        return Choice(graph, tuple(_decode_lanes(sel, r, k)), scored.timings[index], top, log_scale, None, sel)
     best = scored.candidate(entry)
     lanes, prefill_row = best.build()
-    return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(top)), prefill_row, sel)
+    return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row, sel)
+
+
+_RECTANGULAR_KINDS = (GraphKind.DECODE, GraphKind.SPECULATIVE)  # flat payloads of these are (ranking, k)
 
 
 def _flat_served(graph: GraphDescriptor, payload) -> int:

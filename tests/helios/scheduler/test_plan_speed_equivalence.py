@@ -457,3 +457,26 @@ def test_decode_rows_build_the_lanes_the_constructor_builds():
              for h, n, e in zip(handles, lengths, expected)]
     assert built == plain
     assert [dataclasses.astuple(lane) for lane in built] == [dataclasses.astuple(lane) for lane in plain]
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_S5_known_gain_rows_decide_what_measured_rows_decide(seed):
+    """With every gains row of a known length (the core keeps one entry per draft depth), the row
+    length and the room cap are read from it instead of measured; the decision is the same."""
+    rng = random.Random(seed)
+    graphs, timings, population = _bounded_case(rng)
+    depth = rng.randint(1, MAX_DEPTH)  # rows shorter than the widest programs too
+    for i, survival in enumerate(population.decoders.survival):
+        means = survival.get("learned")
+        if means is not None:
+            means = (tuple(means) + (0.0,) * depth)[:depth]
+            population.decoders.survival[i] = {"learned": means}
+    population.decoders.gains[:] = [{source: pol.cumulative_gains(means, population.alpha)
+                                     for source, means in survival.items()}
+                                    for survival in population.decoders.survival]
+    known = dataclasses.replace(population, gain_rows=depth + 1)
+    fast, plain = pol.select(graphs, timings, known), pol.select(graphs, timings, population)
+    assert (fast is None) == (plain is None)
+    if fast is not None:
+        assert (fast.graph, fast.lanes, fast.score) == (plain.graph, plain.lanes, plain.score)
