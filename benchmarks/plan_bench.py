@@ -20,6 +20,12 @@ wall clock: on a machine shared with other work it leaves out the time the
 process waited for a core (it still counts slowdowns from a busy sibling
 core), so before/after comparisons under load are steadier. Goal figures are
 wall-clock figures on a quiet machine.
+
+On a virtual machine whose speed changes within seconds (the development VM:
+medians of successive blocks of 100 calls in one run ranged from 0.30 to
+0.53 ms), compare two versions by running both at once, one per core, e.g.
+``(cd old && python benchmarks/plan_bench.py --sizes 64) & python
+benchmarks/plan_bench.py --sizes 64; wait``: both then see the same phases.
 """
 
 from __future__ import annotations

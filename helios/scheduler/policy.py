@@ -521,7 +521,8 @@ class _Selector:
             # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes
             values = [t * price + (first if t == left else 0.0)
                       for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
-            ranking = (RankedLanes.rank(values, None if self.prompters_lru else p.recency), tokens)
+            # most prompt programs read only the best row (``top``): the prefix sums wait for a wider one
+            ranking = (RankedLanes.rank(values, None if self.prompters_lru else p.recency, lazy=True), tokens)
             self.prompt_rankings[capacity] = ranking
         return ranking
 
@@ -906,7 +907,7 @@ def _mixed_entry(sel: _Selector, index: int, graph: GraphDescriptor, timing: Gra
     ranked, tokens = prompts
     if len(ranked) and graph.prefill_capacity:
         k2 = min(graph.batch_capacity - 1, n)
-        score = _score(ranked.prefix[1] + prefix[k2], slopes[k2], timing, active)
+        score = _score(ranked.top() + prefix[k2], slopes[k2], timing, active)
         if best is None or score >= best[0]:  # on a tie the prompt row wins
             best = (score, ranked.first(), k2)
     if best is None:
@@ -976,7 +977,7 @@ def _score_prefill(sel: _Selector, group: _Group, graphs, timings, out: list) ->
         if k:
             t = durations[index]
             if t > 0.0:
-                out.scores[index] = ranked.prefix[k] / t - 0.5 * t * active
+                out.scores[index] = (ranked.top() if k == 1 else ranked.prefix[k]) / t - 0.5 * t * active
                 out.payloads[index] = (ranked, tokens, k)
             else:
                 out.entries[index] = (True, ranked.prefix[k]), index, (ranked, tokens, k)
@@ -997,7 +998,7 @@ def _score_mixed(sel: _Selector, group: _Group, graphs, timings, out: list) -> N
         return
     ranked, tokens = prompts
     has_row = len(ranked) > 0 and group.prefill_capacity > 0
-    row_value, row = (ranked.prefix[1], ranked.first()) if has_row else (0.0, None)
+    row_value, row = (ranked.top(), ranked.first()) if has_row else (0.0, None)
     prefix, slopes, n = untimed.ranked.prefix, untimed.slope_prefix, untimed.size
     active, durations = sel.pop.active_age_price, sel.t_ms
     for index, batch in group.batches:
@@ -1110,7 +1111,7 @@ def _none_can_reach(sel: _Selector, top: float) -> bool:
             if capacity:  # the best prompt row of that capacity beside the best B - 1 decoders
                 if not prompters:
                     continue
-                row = sel.prompt_ranking(capacity)[0].prefix[1]
+                row = sel.prompt_ranking(capacity)[0].top()
                 best = max([(row + value[k]) * inv + gains[k] * s_inv + slopes[k] - t_half * active
                             for b, inv, s_inv, t_half in rows for k in (b - 1 if b - 1 < n else n,)])
             else:  # decoders only
@@ -1171,7 +1172,7 @@ def _cannot_reach(sel: _Selector, group: _Group, w0: int, top: float) -> bool:
     if group.scorer is _score_mixed:
         ranked, _ = sel.prompt_ranking(group.prefill_capacity)
         if len(ranked) and group.prefill_capacity:
-            row = ranked.prefix[1]  # the best prompt row beside the best B - 1 decoders
+            row = ranked.top()  # the best prompt row beside the best B - 1 decoders
             for index, batch in group.batches:
                 t = durations[index]
                 if t <= 0.0:

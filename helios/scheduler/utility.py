@@ -99,21 +99,34 @@ class RankedLanes:
     of a winning or a pruning candidate ever need it.
     """
 
-    __slots__ = ("values", "recency", "prefix", "_order")
+    __slots__ = ("values", "recency", "_prefix", "_order")
 
-    def __init__(self, values: Sequence[float], recency: Sequence[int] | None = None) -> None:
+    def __init__(self, values: Sequence[float], recency: Sequence[int] | None = None, lazy: bool = False) -> None:
         self.values = values
         self.recency = recency
-        self.prefix: list[float] = list(accumulate(sorted(values, reverse=True), initial=0.0))
+        # ``lazy``: summed on first use (prompt rankings, read mostly through ``top``)
+        self._prefix: list[float] | None = None if lazy else list(accumulate(sorted(values, reverse=True), initial=0.0))
         self._order: tuple[int, ...] | None = None
 
+    @property
+    def prefix(self) -> list[float]:
+        if self._prefix is None:
+            self._prefix = list(accumulate(sorted(self.values, reverse=True), initial=0.0))
+        return self._prefix
+
+    def top(self) -> float:
+        """``prefix[1]``, the best lane's value, without sorting (callers check there is a lane)."""
+        if self._prefix is not None:
+            return self._prefix[1]
+        return 0.0 + max(self.values)  # prefix[1] is 0.0 + the largest value: the same float
+
     @classmethod
-    def rank(cls, values: Sequence[float], recency: Sequence[int] | None = None) -> "RankedLanes":
+    def rank(cls, values: Sequence[float], recency: Sequence[int] | None = None, lazy: bool = False) -> "RankedLanes":
         """Rank by value; equal values go to the least recently used lane first (U8).
 
         Without ``recency`` the caller's list is already least recently used first.
         """
-        return cls(values, recency)
+        return cls(values, recency, lazy)
 
     @property
     def order(self) -> tuple[int, ...]:

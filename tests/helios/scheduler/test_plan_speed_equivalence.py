@@ -21,6 +21,7 @@ Each test puts one shortcut against a reference written here, without it:
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -270,7 +271,7 @@ def test_D7_scores_without_lanes_match_each_program_selected_alone(seed):
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(st.lists(st.sampled_from([0.0, 0.25, 1.0, 1.5, 3.0, 7.25]) | st.floats(0, 50), max_size=24),
+@given(st.lists(st.sampled_from([0.0, -0.0, 0.25, 1.0, 1.5, 3.0, 7.25]) | st.floats(0, 50), max_size=24),
        st.booleans(), st.integers(0, 2**32 - 1))
 def test_U8_U9_ranked_lanes_sum_and_order_as_a_keyed_sort_does(values, with_recency, seed):
     """The prefix sums over sorted values are those of the keyed ranking; ties go least recently used first."""
@@ -286,6 +287,8 @@ def test_U8_U9_ranked_lanes_sum_and_order_as_a_keyed_sort_does(values, with_rece
     assert ranked.prefix == list(accumulate((values[i] for i in order), initial=0.0))
     if values:
         assert ranked.first() == order[0]  # read before the full order exists
+        top = RankedLanes.rank(values, recency, lazy=True).top()  # the best value without the sort
+        assert (top, math.copysign(1.0, top)) == (ranked.prefix[1], math.copysign(1.0, ranked.prefix[1]))
     assert ranked.order == order
 
 
