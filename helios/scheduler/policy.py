@@ -1518,10 +1518,12 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequen
             return None
     payloads, graphs = out.payloads, scored.graphs
     entry = (False, top), index, payloads[index]
-    # is_dominated's first test (the same served count and depth) on the flat payloads
-    served = _flat_served(graphs[index], payloads[index])
+    # is_dominated's first test (the same served count and depth) on the flat payloads, and
+    # for a prompt row, whether the smaller program could give it as many tokens
+    graph, payload = graphs[index], payloads[index]
+    served, prompt_tokens = _flat_served(graph, payload), _flat_prompt_tokens(graph, payload)
     if any(payloads[other] is not None and _flat_served(graphs[other], payloads[other]) == served
-           for other in sel.infos.same_depth_dominators[index]):
+           and prompt_tokens <= graphs[other].prefill_capacity for other in sel.infos.same_depth_dominators[index]):
         if scored.is_dominated(entry):
             return None
     graph, log_scale = graphs[index], decision_log_scale(abs(top))
@@ -1534,6 +1536,21 @@ def _measured_leader(sel: _Selector, scored: _Scored, out: _Out, skipped: Sequen
 
 
 _RECTANGULAR_KINDS = (GraphKind.DECODE, GraphKind.SPECULATIVE)  # flat payloads of these are (ranking, k)
+
+
+def _flat_prompt_tokens(graph: GraphDescriptor, payload) -> int:
+    """Tokens of a measured program's prompt row when it is its only one (0 otherwise).
+
+    A program of smaller prompt capacity cannot give that row as many tokens,
+    so it cannot do the same logical work (U12); more rows are left to the
+    full check.
+    """
+    if graph.kind is GraphKind.PREFILL:
+        ranked, tokens, k = payload
+        return tokens[ranked.first()] if k == 1 else 0
+    if graph.kind is GraphKind.MIXED and payload[1] is not None:
+        return payload[3][payload[1]]
+    return 0
 
 
 def _flat_served(graph: GraphDescriptor, payload) -> int:

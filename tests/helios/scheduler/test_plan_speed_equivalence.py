@@ -483,3 +483,19 @@ def test_S5_known_gain_rows_decide_what_measured_rows_decide(seed):
     assert (fast is None) == (plain is None)
     if fast is not None:
         assert (fast.graph, fast.lanes, fast.score) == (plain.graph, plain.lanes, plain.score)
+
+
+@pytest.mark.parametrize("remaining, winner_capacity", [(64, 64), (65, 128), (40, 64)])
+def test_U12_a_faster_larger_prefill_program_is_still_padding(remaining, winner_capacity):
+    """A prompt of 64 tokens or fewer does the same work in the 64- and the 128-token program:
+    the larger one, though measured faster, is padding and pruned (U12); at 65 tokens it is not.
+    (The fast leader's pre-check compares the prompt row's tokens with each smaller capacity.)"""
+    graphs = [GraphDescriptor(f"prefill_c{c}", GraphKind.PREFILL, 1, prefill_capacity=c) for c in (64, 128)]
+    timings = [pol.GraphTiming(5 * MS, True), pol.GraphTiming(4 * MS, True)]
+    prm = pol.Prompters()
+    prm.handle.append(RequestHandle(0, 1))
+    for column, value in ((prm.start, 0), (prm.remaining, remaining), (prm.to_endpoint, remaining),
+                          (prm.price, 1.0), (prm.first_token, 0.0), (prm.recency, 0)):
+        column.append(value)
+    choice = pol.select(graphs, timings, pol.Population(pol.Decoders(), prm, 0.0, 1.0))
+    assert choice.graph.prefill_capacity == winner_capacity
