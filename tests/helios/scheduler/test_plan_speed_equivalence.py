@@ -330,6 +330,18 @@ def test_S5_U9_uncapped_shortcut_values_equal_the_capped_formula(seed):
 # U9 / U12 / U8: wider widths skipped by their bound decide what scoring them decides
 # ---------------------------------------------------------------------------
 
+def _unit_decoders(count: int, survival: dict, room: int = 100) -> pol.Decoders:
+    """``count`` decoders at token price one, nothing else priced, the same survival and room."""
+    dec = pol.Decoders()
+    for slot in range(count):
+        dec.handle.append(RequestHandle(slot, slot + 1))
+        for column, value in ((dec.token_price, 1.0), (dec.delivery_price, 0.0), (dec.age_credit, 0.0),
+                              (dec.age_slope, 0.0), (dec.room, room), (dec.recency, slot)):
+            column.append(value)
+        dec.survival.append(survival)
+    return dec
+
+
 _BOUND_POOL = (
     [decode(b) for b in (1, 2, 4, 8)]
     + [spec(b, w) for b in (1, 2, 4, 8) for w in (2, 3, 4, 5, 6)]
@@ -401,13 +413,7 @@ def test_U9_a_wide_width_that_cannot_win_is_never_scored(monkeypatch):
     for survival, winner_width, widths_ranked in (((1.0, 0.0, 0.0, 0.0, 0.0), 2, [1, 2]),
                                                    ((1.0,) * 5, 6, [1, 2, 3, 4, 5, 6])):
         ranked.clear()
-        dec = pol.Decoders()
-        for slot in range(8):
-            dec.handle.append(RequestHandle(slot, slot + 1))
-            for column, value in ((dec.token_price, 1.0), (dec.delivery_price, 0.0), (dec.age_credit, 0.0),
-                                  (dec.age_slope, 0.0), (dec.room, 100), (dec.recency, slot)):
-                column.append(value)
-            dec.survival.append({"learned": survival})
+        dec = _unit_decoders(8, {"learned": survival})
         choice = pol.select(graphs, timings, pol.Population(dec, pol.Prompters(), 0.0, 1.0), described)
         assert choice.graph.width == winner_width
         assert sorted(ranked) == widths_ranked
@@ -419,14 +425,7 @@ def test_U12_a_skipped_width_still_prunes_a_faster_wider_program_doing_its_work(
     the width-two program) dominates it as padding, so width two wins (U12)."""
     graphs = [spec(8, 2, depth=1), spec(4, 3, depth=3), spec(4, 4, depth=3)]
     timings = [pol.GraphTiming(int(ms * MS), True) for ms in (8, 20, 4)]
-    dec = pol.Decoders()
-    for slot in range(4):
-        dec.handle.append(RequestHandle(slot, slot + 1))
-        for column, value in ((dec.token_price, 1.0), (dec.delivery_price, 0.0), (dec.age_credit, 0.0),
-                              (dec.age_slope, 0.0), (dec.room, 2), (dec.recency, slot)):
-            column.append(value)
-        dec.survival.append({"learned": (1.0, 1.0, 1.0)})
-    population = pol.Population(dec, pol.Prompters(), 0.0, 1.0)
+    population = pol.Population(_unit_decoders(4, {"learned": (1.0, 1.0, 1.0)}, room=2), pol.Prompters(), 0.0, 1.0)
     wide_alone = pol.select(graphs[2:], timings[2:], population)
     choice = pol.select(graphs, timings, population)
     assert wide_alone.score == pytest.approx(2.0)  # 4 lanes x 2 tokens in 4 ms: the best score
@@ -439,14 +438,7 @@ def test_U6_mixed_decoders_only_cohort_is_left_out_only_when_a_faster_rectangula
     program of its batch, so the faster of the two wins, and the slower is never scored."""
     graphs = [decode(4), mixed(4, 64)]
     timings = [pol.GraphTiming(6 * MS, True), pol.GraphTiming(int(mixed_ms * MS), True)]
-    dec = pol.Decoders()
-    for slot in range(4):
-        dec.handle.append(RequestHandle(slot, slot + 1))
-        for column, value in ((dec.token_price, 1.0), (dec.delivery_price, 0.0), (dec.age_credit, 0.0),
-                              (dec.age_slope, 0.0), (dec.room, 100), (dec.recency, slot)):
-            column.append(value)
-        dec.survival.append({})
-    choice = pol.select(graphs, timings, pol.Population(dec, pol.Prompters(), 0.0, 1.0))
+    choice = pol.select(graphs, timings, pol.Population(_unit_decoders(4, {}), pol.Prompters(), 0.0, 1.0))
     assert choice.graph.kind.value == winner and choice.score == pytest.approx(4 / min(6.0, mixed_ms))
 
 
