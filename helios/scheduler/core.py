@@ -562,8 +562,7 @@ class Scheduler:
             prm.price.append(1.0 + congestion)
             prm.first_token.append(beta + congestion if room > 0 else 0.0)
             prm.recency.append(s.last_selected_ns)
-        return pol.Population(dec, prm, c * len(states), policy.adaptive_verification_alpha,
-                              gain_rows=self._max_depth + 1)  # _refresh_survival keeps every row that long
+        return pol.Population(dec, prm, c * len(states), policy.adaptive_verification_alpha)
 
     def _reference_intervals(self, counts: dict[str | None, int], timings) -> dict[str | None, float]:
         """sigma per delivery family, keyed by its proposal source (U5).

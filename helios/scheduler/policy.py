@@ -62,8 +62,8 @@ class Decoders:
     age_credit      c_i*sigma_i*A_i (A projected to the planning start, A10)
     age_slope       c_i*sigma_i     (multiplies the graph duration T)
     room            output tokens the request may still commit after queued work
-    survival        per proposal source, prefix-survival means s_1 >= s_2 >= ... (S5: a longer prefix never
-                    survives more often; selection's bounds on wider widths rely on it)
+    survival        per proposal source, prefix-survival means 1 >= s_1 >= s_2 >= ... >= 0 (S5: a longer
+                    prefix never survives more often; selection's bounds and shortcuts rely on it)
     gains           optional, per proposal source: ``cumulative_gains(survival, alpha)``,
                     for callers that keep it between decisions (empty: computed here)
     """
@@ -131,10 +131,6 @@ class Population:
     prompters: Prompters
     active_age_price: float  # sum of c_i over every active decoder (U6 waiting cost)
     alpha: float = 1.0  # adaptive_verification_alpha (S5)
-    # when every gains row in ``decoders.gains`` has this many entries (the core keeps one per
-    # draft depth of the catalog, plus the leading zero) from means of at most one, so no
-    # last gain exceeds gain_rows - 1; None: unknown, the rows are measured
-    gain_rows: int | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -154,7 +150,7 @@ class Choice:
     prefill_row: int | None
     # the decision's rankings and columns (a ``_Selector``), which funded exploration
     # reuses to evaluate other programs on the same population (``evaluate``'s ``selection``)
-    selection: object = field(default=None, compare=False, repr=False)
+    selection: "_Selector | None" = field(default=None, compare=False, repr=False)
 
     @property
     def reason(self) -> SelectionReason:
@@ -332,7 +328,6 @@ class _SourceColumns:
     rows: list | None  # cumulative gains (None for width-one rows)
     rooms: list[int]
     shortest: int = 0  # the fewest cumulative gains any row has
-    uncapped: bool = False  # no row's room caps its expected tokens at any width it reaches
     slope_prefix: list[float] | None = None  # prefix sums of ``slopes`` (uniform slopes: any order)
     positive: bool = False  # every lane value is positive (token prices positive, the rest not negative)
 
@@ -431,16 +426,7 @@ class _Selector:
         found = _SourceColumns(idx, slopes, uniform, prices, fixed, rows, rooms, slope_prefix=slope_prefix,
                                positive=positive)
         if rows is not None:
-            # gains only grow along a row, so 1 + the largest last gain bounds every row's
-            # expected tokens: within the least room, the room never caps them; and each gain
-            # is s ** alpha <= 1, so with rows of known length n no last gain exceeds n - 1
-            n = self.pop.gain_rows if len(d.gains) == len(d) else None
-            if n is not None and rows:
-                found.shortest = n
-                found.uncapped = n <= self.least_room or 1.0 + max(map(itemgetter(-1), rows)) <= self.least_room
-            else:
-                found.shortest = min(map(len, rows), default=0)
-                found.uncapped = 1.0 + max(map(itemgetter(-1), rows), default=0.0) <= self.least_room
+            found.shortest = min(map(len, rows), default=0)
         self.columns[source] = found
         return found
 
@@ -476,8 +462,9 @@ class _Selector:
         else:
             inputs = (rows, rooms)
             # S5's expected tokens min(1 + g[n-1], room) times p, plus f: the hot loop of a decision
-            if self.least_room >= width and width <= cols.shortest and cols.uncapped:
-                # n = width for every row, every row reaches it, and no room caps the tokens
+            if self.least_room >= width and width <= cols.shortest:
+                # n = width for every row and every row reaches it; and no room caps the tokens:
+                # each gain is s ** alpha <= 1 (s in [0, 1]), so 1 + g[width - 1] <= width <= room
                 last, uncapped = width - 1, True
                 values = [(1.0 + g[last]) * p + f for g, p, f in zip(rows, prices, fixed)]
             else:
@@ -576,9 +563,10 @@ class CatalogInfo:
     same_depth_dominators: tuple[tuple[int, ...], ...] = ()  # ``dominators`` of the graph's proposal depth
     # id of a mixed group -> per member, the rectangular programs of the same source, width and batch
     siblings: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
-    # id of a mixed group -> (durations list, whether _decode_only_beaten holds for it); and
-    # (source, w0, positive) -> (durations list, _flat_bound_rows)
-    per_durations: dict = field(default_factory=dict, compare=False, repr=False)
+    # kept per durations list: id of a mixed group -> (durations, whether _decode_only_beaten holds);
+    # (source, w0, positive) -> (durations, _flat_bound_rows)
+    beaten: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
+    bound_rows: dict[tuple, tuple] = field(default_factory=dict, compare=False, repr=False)
     # per proposal source: (its narrowest bounded width, its bounded groups)
     bounded_sources: tuple[tuple[str, int, tuple[_Group, ...]], ...] = ()
 
@@ -1045,53 +1033,39 @@ _BOUND_MARGIN = 1e-9
 
 
 def _score_bounded(sel: _Selector, groups: Sequence[_Group], graphs, timings, out: _Out) -> list[_Group]:
-    """Score the wider speculative groups that can still reach the best measured score; return the rest.
+    """Score the wider speculative groups unless none can reach the best measured score; return
+    the groups left unscored (all of them, or none).
 
-    Called once the eager groups are scored. Groups come per proposal source,
-    narrowest width first. A lane's expected tokens grow with the width by the
-    survival of each further draft, and survival never rises with depth (S5:
-    prefix survival), so from a width w0 already ranked, width w adds at most
-    (w - w0) times the lane's next gain, p * s_w0 ** alpha. The best k lanes
-    at width w are then worth at most the best k at w0 plus (w - w0) times the
-    best k of those gains; each program of the group is bounded with that value
-    (its own duration, the same age terms; a mixed program also with its best
-    prompt row). A group whose every bound stays below the best score is
-    skipped: it cannot win, tie (U8), or prune the winner as padding
-    (``_measured_leader`` declines when a skipped program could), so the
-    decision is the one scoring everything gives.
+    Called once the eager groups are scored. A lane's expected tokens grow with
+    the width by the survival of each further draft, and survival never rises
+    with depth (S5: prefix survival), so from the narrowest width w0 ranked,
+    width w adds at most (w - w0) times the lane's next gain, p * s_w0 ** alpha.
+    The best k lanes at width w are then worth at most the best k at w0 plus
+    (w - w0) times the best k of those gains; every program of the groups is
+    bounded with that value (its own duration, the same age terms; a mixed
+    program also with its best prompt row). If every bound stays below the best
+    score, none is scored: none can win, tie (U8), or prune the winner as
+    padding (a program of a wider logical width at the winner's depth never
+    does the same work), so the decision is the one scoring everything gives.
+    Otherwise every one is scored.
 
     Only lanes sharing one age slope are bounded this way (otherwise rankings
     depend on the duration), and only while everything scored is measured.
     """
-    skipped: list[_Group] = []
-    scores = out.scores
-    top = max(scores, default=_MISSING)
+    top = max(out.scores, default=_MISSING)
     if top != _MISSING and not out.entries and groups and _none_can_reach(sel, top):
         return list(groups)
-    widest: dict[str, int] = {}  # per source: the widest width ranked so far (the base of its bounds)
     for group in groups:
-        source = group.source
-        w0 = widest.get(source)
-        if w0 is None:
-            w0 = widest[source] = max(
-                (key[1] for key in sel.decode_rankings if len(key) == 2 and key[0] == source and key[1] < group.width),
-                default=0)
-        if top != _MISSING and not out.entries and w0 and _cannot_reach(sel, group, w0, top):
-            skipped.append(group)
-            continue
         group.scorer(sel, group, graphs, timings, out)
-        widest[source] = group.width
-        top = max(top, max(map(scores.__getitem__, group.members)))
-    return skipped
+    return []
 
 
 def _none_can_reach(sel: _Selector, top: float) -> bool:
-    """``_cannot_reach`` of every bounded group at once, from the narrowest width ranked: one
-    comprehension over all their programs, and one more per prompt capacity whose best row
-    may ride in a mixed program (the usual decision, where nothing wide can win).
-
-    The decoders-only cohorts of mixed programs beaten by a faster rectangular
-    sibling (``_decode_only_beaten``) are left out, as ``_cannot_reach`` leaves them.
+    """Whether every bounded program's bound (see ``_score_bounded``) is below ``top``: one
+    comprehension over all of them per source, and one more per prompt capacity whose best
+    row may ride in a mixed program; each bound trusted with a margin of ``_BOUND_MARGIN``
+    times its terms. The decoders-only cohorts of mixed programs beaten by a faster
+    rectangular sibling (``_decode_only_beaten``) are left out: they cannot win either.
     """
     active, margin, prompters = sel.pop.active_age_price, _BOUND_MARGIN, bool(sel.pop.prompters.handle)
     for source, first_width, groups in sel.infos.bounded_sources:
@@ -1132,7 +1106,7 @@ def _flat_bound_rows(sel: _Selector, source: str, groups: Sequence[_Group], w0: 
     """
     durations = sel.t_ms
     key = (source, w0, positive)
-    cached = sel.infos.per_durations.get(key)
+    cached = sel.infos.bound_rows.get(key)
     if cached is not None and cached[0] is durations:
         return cached[1]
     by_capacity: dict[int, list] = {0: []}
@@ -1140,7 +1114,7 @@ def _flat_bound_rows(sel: _Selector, source: str, groups: Sequence[_Group], w0: 
         steps = group.width - w0
         rows = [(batch, 1.0 / t, steps / t, 0.5 * t) for index, batch in group.batches if (t := durations[index]) > 0.0]
         if len(rows) < len(group.batches):
-            sel.infos.per_durations[key] = (durations, None)
+            sel.infos.bound_rows[key] = (durations, None)
             return None
         if group.scorer is _score_mixed:
             if group.prefill_capacity:
@@ -1150,49 +1124,8 @@ def _flat_bound_rows(sel: _Selector, source: str, groups: Sequence[_Group], w0: 
         by_capacity[0].extend(rows)
     flat = {capacity: (rows, max((r[1] for r in rows), default=0.0), max((r[2] for r in rows), default=0.0),
                        max((r[3] for r in rows), default=0.0)) for capacity, rows in by_capacity.items()}
-    sel.infos.per_durations[key] = (durations, flat)
+    sel.infos.bound_rows[key] = (durations, flat)
     return flat
-
-
-def _cannot_reach(sel: _Selector, group: _Group, w0: int, top: float) -> bool:
-    """Whether an upper bound of every program of ``group`` is below ``top`` (see ``_score_bounded``).
-
-    A program of batch B and duration T takes k = min(B, n) lanes (a mixed one
-    may take its best prompt row and min(B - 1, n) lanes instead) and scores at
-    most (its bounded value) / T plus the slope prefix at k, less T/2 * sum c.
-    Each bound is trusted with a margin of ``_BOUND_MARGIN`` times its terms.
-    """
-    cols = sel.source_columns(group.source)
-    base = sel.decode_rankings.get((group.source, w0))
-    if not cols.uniform or base is None:
-        return False
-    gains, steps = sel.next_gains(group.source, w0), group.width - w0
-    value, slopes, n = base.ranked.prefix, cols.slope_prefix, base.size
-    active, durations, margin = sel.pop.active_age_price, sel.t_ms, _BOUND_MARGIN
-    if group.scorer is _score_mixed:
-        ranked, _ = sel.prompt_ranking(group.prefill_capacity)
-        if len(ranked) and group.prefill_capacity:
-            row = ranked.top()  # the best prompt row beside the best B - 1 decoders
-            for index, batch in group.batches:
-                t = durations[index]
-                if t <= 0.0:
-                    return False
-                k = batch - 1 if batch - 1 < n else n
-                rate, waiting = (row + value[k] + steps * gains[k]) / t + slopes[k], 0.5 * t * active
-                if rate - waiting + margin * (rate + waiting) >= top:
-                    return False
-        if _decode_only_beaten(sel, group):
-            return True
-    for index, batch in group.batches:  # decoders only
-        t = durations[index]
-        if t <= 0.0:
-            return False
-        k = batch if batch < n else n
-        if k:
-            rate, waiting = (value[k] + steps * gains[k]) / t + slopes[k], 0.5 * t * active
-            if rate - waiting + margin * (rate + waiting) >= top:
-                return False
-    return True
 
 
 def _decode_only_beaten(sel: _Selector, group: _Group) -> bool:
@@ -1208,13 +1141,13 @@ def _decode_only_beaten(sel: _Selector, group: _Group) -> bool:
     if not cols.positive:
         return False
     durations = sel.t_ms
-    cached = sel.infos.per_durations.get(id(group))
+    cached = sel.infos.beaten.get(id(group))
     if cached is None or cached[0] is not durations:
         siblings = sel.infos.siblings.get(id(group))
         beaten = siblings is not None and all(
             durations[index] > 0.0 and any(0.0 < durations[other] < durations[index] for other in others)
             for index, others in zip(group.members, siblings))
-        cached = sel.infos.per_durations[id(group)] = (durations, beaten)
+        cached = sel.infos.beaten[id(group)] = (durations, beaten)
     return cached[1]
 
 
@@ -1566,7 +1499,7 @@ def evaluate(
     population: Population,
     infos: Sequence[GraphInfo],
     indices: Sequence[int],
-    selection: object = None,
+    selection: "_Selector | None" = None,
 ) -> dict[int, Choice]:
     """Each listed graph's own best cohort, as ``select`` would build it, by catalog index.
 
@@ -1600,7 +1533,7 @@ def evaluate_scores(
     population: Population,
     infos: Sequence[GraphInfo],
     indices: Sequence[int],
-    selection: object = None,
+    selection: "_Selector | None" = None,
 ) -> dict[int, Evaluated]:
     """``evaluate`` without building lanes: timing refresh ranks every stale program by its
     score and runs one, so only that one needs its cohort's lanes (64 per program at most).
