@@ -156,11 +156,12 @@ class ServiceHistory:
         return True
 
     def projected(self, service: FrameService, adaptation_ms: float) -> "ServiceHistory":
-        """A copy advanced by one queued frame's expected service (A10); self is untouched."""
-        return self.projected_with_decay(service, decay_factor(service.duration_ms, adaptation_ms))
+        """A copy advanced by one queued frame's expected service (A10); self is untouched.
 
-    def projected_with_decay(self, service: FrameService, decay: float) -> "ServiceHistory":
-        """``projected`` with the frame's ``decay_factor`` already computed (it is shared by all its members)."""
+        The reference for the core's snapshot, which writes this arithmetic out
+        per request (``Frame.terms``); the A10 tests compare the two.
+        """
+        decay = decay_factor(service.duration_ms, adaptation_ms)
         token_rate, delivery_rate = projected_rates(self.token_rate, self.delivery_rate, service, decay)
         return ServiceHistory(token_rate=token_rate, delivery_rate=delivery_rate)
 

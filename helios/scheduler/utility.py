@@ -104,14 +104,14 @@ class RankedLanes:
     def __init__(self, values: Sequence[float], recency: Sequence[int] | None = None, lazy: bool = False) -> None:
         self.values = values
         self.recency = recency
-        # ``lazy``: summed on first use (prompt rankings, read mostly through ``top``)
-        self._prefix: list[float] | None = None if lazy else list(accumulate(sorted(values, reverse=True), initial=0.0))
+        # ``lazy``: summed on first use (prompt rankings are read mostly through ``top``)
+        self._prefix: list[float] | None = None if lazy else _best_first_sums(values)
         self._order: tuple[int, ...] | None = None
 
     @property
     def prefix(self) -> list[float]:
         if self._prefix is None:
-            self._prefix = list(accumulate(sorted(self.values, reverse=True), initial=0.0))
+            self._prefix = _best_first_sums(self.values)
         return self._prefix
 
     def top(self) -> float:
@@ -154,6 +154,11 @@ class RankedLanes:
         """How many lanes a graph of ``capacity`` rows serves, and their value."""
         k = min(capacity, len(self.values))
         return k, self.prefix[k]
+
+
+def _best_first_sums(values: Sequence[float]) -> list[float]:
+    """0, then the sums of the best 1, 2, ... values."""
+    return list(accumulate(sorted(values, reverse=True), initial=0.0))
 
 
 # ---------------------------------------------------------------------------
