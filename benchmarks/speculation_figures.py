@@ -41,7 +41,7 @@ from rich.table import Table
 from helios.bench.client import Target
 from helios.bench.datasets import DatasetSpec, LengthRange
 from helios.bench.runner import BenchConfig, run_benchmark
-from helios.catalog import load
+from helios.catalog import CatalogError, load
 from helios.engine import fixed_widths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helios"))
@@ -77,13 +77,15 @@ class Figures:
     by_source: dict[str, dict[str, float]]  # source -> counter deltas
 
 
-def configurations(catalog: Path, only: set[str] | None) -> list[Configuration]:
-    """off, fixed at each verification width fixed can run, adaptive (``only`` keeps some by name)."""
+def configurations(catalog: Path) -> list[Configuration]:
+    """off, fixed at each verification width fixed can run, adaptive."""
     widths = fixed_widths(load(catalog, verify_hashes=False).descriptors)
-    grid = [Configuration("off"), *(Configuration("fixed", w) for w in widths), Configuration("adaptive")]
-    if only is None:
-        return grid
-    return [c for c in grid if c.mode in only or c.name.replace(" ", "") in only]
+    return [Configuration("off"), *(Configuration("fixed", w) for w in widths), Configuration("adaptive")]
+
+
+def config_names(config: Configuration) -> set[str]:
+    """What ``--configs`` may call a configuration: its mode, or its name without spaces (fixedW=2)."""
+    return {config.mode, config.name.replace(" ", "")}
 
 
 def _free_port() -> int:
@@ -188,13 +190,16 @@ def main() -> None:
     console = Console(width=max(Console().width, 150))  # the table stays readable when piped
     figures: list[Figures] = []
     began = time.monotonic()
-    grid = configurations(args.catalog, None)
-    names = {c.mode for c in grid} | {c.name.replace(" ", "") for c in grid}
+    try:
+        grid = configurations(args.catalog)
+    except CatalogError as error:
+        parser.error(f"--catalog: {error}")
+    names = set().union(*map(config_names, grid))
     if only is not None and only - names:
         parser.error(f"--configs: {', '.join(sorted(only - names))} not in this catalog's grid; "
                      f"choose from {', '.join(sorted(names))}")
     with tempfile.TemporaryDirectory(prefix="speculation-figures-") as logs:
-        for config in configurations(args.catalog, only):
+        for config in (c for c in grid if only is None or config_names(c) & only):
             console.log(f"{config.name}: starting flare run")
             figures += measure(args.catalog, config, args, Path(logs))
     sources = sorted({s for f in figures for s in f.by_source})
