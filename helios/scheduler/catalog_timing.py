@@ -41,14 +41,20 @@ class CatalogTiming:
         self._timings: list[GraphTiming] = []
         self._durations: list[float] | None = None  # durations_ms(self._timings), built on first use
         self._stale_at: dict[CostKey, int] = {}  # measured, still fresh: when each turns stale
+        # never later than the earliest of ``_stale_at`` (a re-observation only moves an entry
+        # later), so ``at`` scans the entries only once the clock reaches it
+        self._stale_bound: int | None = None
         self._normalizer: float | None = None
         self._families: dict[DeliveryFamily, _FamilyShapes] = {}
         self.reset(0)
 
     def at(self, now_ns: int) -> list[GraphTiming]:
         """Every graph's timing at ``now_ns`` (the scheduler clock never goes back)."""
-        if self._stale_at and now_ns >= min(self._stale_at.values()):
-            self.reset(now_ns)
+        bound = self._stale_bound
+        if bound is not None and now_ns >= bound:
+            earliest = self._stale_bound = min(self._stale_at.values(), default=None)
+            if earliest is not None and now_ns >= earliest:
+                self.reset(now_ns)
         return self._timings
 
     def durations_ms(self, timings: Sequence[GraphTiming]) -> list[float]:
@@ -83,6 +89,7 @@ class CatalogTiming:
     def reset(self, now_ns: int) -> None:
         """Rebuild everything from the cost model (at start, after the TTL changes, when an entry turns stale)."""
         self._stale_at = {}
+        self._stale_bound = None
         by_key = {key: self._timing(key, now_ns) for key in self._by_key}
         self._timings = [by_key[key] for key in self._keys]
         self._durations = None
@@ -108,7 +115,9 @@ class CatalogTiming:
         fresh = not cost.is_stale(key, now_ns)
         observed = cost.last_observation_ns(key)
         if fresh and observed is not None:
-            self._stale_at[key] = observed + cost.ttl_ns
+            stale_at = self._stale_at[key] = observed + cost.ttl_ns
+            if self._stale_bound is None or stale_at < self._stale_bound:
+                self._stale_bound = stale_at
         else:
             self._stale_at.pop(key, None)
         return GraphTiming(cost.estimate_ns(key), fresh)

@@ -233,6 +233,7 @@ class Scheduler:
             raise ValueError("graph ids must be unique in one catalog")
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
+        self._cost_keys = {g.id: g.cost_key() for g in self.graphs}  # built once: every plan's trace reads one
         self._infos = pol.describe(self.graphs)
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
@@ -428,12 +429,12 @@ class Scheduler:
 
     def _plan_trace(self, graph: GraphDescriptor, cost_ns: int, reason: SelectionReason) -> PlanTrace:
         """A12: the plan's physical shape, selected cost, observation age, reason and credit."""
-        observed = self.cost.last_observation_ns(graph.cost_key())
-        credit = self.exploration.credit()
+        observed = self.cost.last_observation_ns(self._cost_keys[graph.id])
+        accounts = self.exploration  # both balances as ``credit()`` reads them
         return PlanTrace(
             graph.batch_capacity, graph.proposal_depth, graph.width, graph.target_rows, cost_ns,
             None if observed is None else self.now_ns - observed, reason,
-            credit.timing_refresh_ns, credit.acceptance_learning_ns,
+            accounts.timing.balance_ns, accounts.learning.balance_ns,
         )
 
     def _queue_accepts_more(self) -> bool:
@@ -527,17 +528,20 @@ class Scheduler:
             slope, first = (c * sigma, 1.0 / sigma) if sigma else (0.0, 1.0)
             slopes = [slope] * len(states)
             deliveries = [first if z is None else z for z in deliveries]
+            age_credit = [slope * (age if (age := (start_ns - reference) / 1e6) > 0.0 else 0.0)
+                          for reference in references]
         else:
             family_sigmas = [sigmas.get(s.family.proposal_source) for s in states]
             slopes = [c * sigma if sigma else 0.0 for sigma in family_sigmas]
             deliveries = [(1.0 / sigma if sigma else 1.0) if z is None else z
                           for z, sigma in zip(deliveries, family_sigmas)]
+            age_credit = [slope * (age if (age := (start_ns - reference) / 1e6) > 0.0 else 0.0)
+                          for slope, reference in zip(slopes, references)]
         dec = pol.Decoders(
             handle=[s.handle for s in states],
             token_price=[beta + f / x for x in rates],
             delivery_price=[g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS) for z in deliveries],
-            age_credit=[slope * (age if (age := (start_ns - reference) / 1e6) > 0.0 else 0.0)
-                        for slope, reference in zip(slopes, references)],
+            age_credit=age_credit,
             age_slope=slopes,
             room=rooms,
             survival=[s.survival for s in states],
@@ -562,7 +566,11 @@ class Scheduler:
             prm.price.append(1.0 + congestion)
             prm.first_token.append(beta + congestion if room > 0 else 0.0)
             prm.recency.append(s.last_selected_ns)
-        return pol.Population(dec, prm, c * len(states), policy.adaptive_verification_alpha)
+        # vouched for (policy.Population): both lists follow ``live``, least recently selected first;
+        # one family shares one slope; with beta > 0 every token price is positive (the other
+        # preferences are >= 0, PolicyConfig checks, so delivery prices and age credits are too)
+        return pol.Population(dec, prm, c * len(states), policy.adaptive_verification_alpha,
+                              ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0)
 
     def _reference_intervals(self, counts: dict[str | None, int], timings) -> dict[str | None, float]:
         """sigma per delivery family, keyed by its proposal source (U5).

@@ -52,7 +52,7 @@ from helios.scheduler.types import (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
     """One planning decision as exploration sees it: the ordinary winner and what it was chosen from."""
 

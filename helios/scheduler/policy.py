@@ -131,6 +131,13 @@ class Population:
     prompters: Prompters
     active_age_price: float  # sum of c_i over every active decoder (U6 waiting cost)
     alpha: float = 1.0  # adaptive_verification_alpha (S5)
+    # Facts a caller may vouch for, so that a decision need not scan for them (False: it checks).
+    # ``ordered``: both lists are least recently selected first (their ``recency`` nondecreasing);
+    # ``uniform_slope``: every decoder has the same ``age_slope``; ``positive``: every token price
+    # is > 0 and every delivery price and age credit >= 0 (as prices with beta > 0 always are).
+    ordered: bool = False
+    uniform_slope: bool = False
+    positive: bool = False
 
 
 # ---------------------------------------------------------------------------
@@ -138,9 +145,14 @@ class Population:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Choice:
-    """The winning graph and cohort of one decision, before it becomes a plan."""
+    """The winning graph and cohort of one decision, before it becomes a plan.
+
+    Treated as immutable; not declared frozen because every decision builds one
+    (and a funded probe several), and a frozen dataclass's initialisation costs
+    about four times as much (see ``PlannedLane``).
+    """
 
     graph: GraphDescriptor
     lanes: tuple[PlannedLane, ...]
@@ -352,8 +364,9 @@ class _Selector:
         self.least_room = min(population.decoders.room, default=0)
         self.t_ms: list[float] = []  # per graph: its known duration in ms, 0.0 while unknown (set by select)
         # a stable sort of an LRU-ordered population already breaks value ties by recency
-        self.decoders_lru = _nondecreasing(population.decoders.recency)
-        self.prompters_lru = _nondecreasing(population.prompters.recency)
+        ordered = population.ordered
+        self.decoders_lru = ordered or _nondecreasing(population.decoders.recency)
+        self.prompters_lru = ordered or _nondecreasing(population.prompters.recency)
 
     # -- decoders ---------------------------------------------------------
 
@@ -411,13 +424,15 @@ class _Selector:
             rows = None if gains is None else [gains[i] for i in idx]
         if slopes is d.age_slope:  # every decoder: one slope check and prefix for every source
             if self.all_slopes is None:
-                uniform = len(set(slopes)) <= 1
+                uniform = self.pop.uniform_slope or len(set(slopes)) <= 1
                 self.all_slopes = (uniform, list(accumulate(slopes, initial=0.0)) if uniform else None)
             uniform, slope_prefix = self.all_slopes
         else:
-            uniform = len(set(slopes)) <= 1
+            uniform = self.pop.uniform_slope or len(set(slopes)) <= 1
             slope_prefix = list(accumulate(slopes, initial=0.0)) if uniform else None  # uniform: any order's
-        if prices is d.token_price and self.all_positive is not None:
+        if self.pop.positive:
+            positive = True
+        elif prices is d.token_price and self.all_positive is not None:
             positive = self.all_positive  # every decoder's, computed for another source
         else:
             positive = min(prices, default=0.0) > 0.0 and min(fixed, default=0.0) >= 0.0

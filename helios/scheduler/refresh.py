@@ -62,12 +62,14 @@ class CreditLedger:
     methods here are its building blocks.
     """
 
-    __slots__ = ("share", "_balance", "episode_open", "last_episode_ns")
+    __slots__ = ("share", "_balance", "episode_open", "last_episode_ns", "_denominator", "_cap")
 
     def __init__(self, share: Fraction) -> None:
         if not 0 < share < 1:
             raise ValueError(f"a credit share must lie strictly between 0 and 1, got {share}")
         self.share = share
+        self._denominator = share.denominator  # a Fraction's parts are properties: read once
+        self._cap = CREDIT_CAP_NS * share.denominator  # CREDIT_CAP_NS in balance units
         self._balance = 0  # in 1/share.denominator ns
         self.episode_open = False
         self.last_episode_ns = 0  # actual duration of the latest closed episode
@@ -75,16 +77,15 @@ class CreditLedger:
     @property
     def balance_ns(self) -> float:
         """Credit in ns; negative while an overrun's debt is being repaid."""
-        return self._balance / self.share.denominator
+        return self._balance / self._denominator
 
     @property
     def full(self) -> bool:
-        return self._balance >= CREDIT_CAP_NS * self.share.denominator
+        return self._balance >= self._cap
 
     def earn(self, credited_ns: int) -> None:
         """An ordinary completion's share of its credited interval; the balance stops at the cap."""
-        cap = CREDIT_CAP_NS * self.share.denominator
-        self._balance = min(cap, self._balance + credited_ns * self.share.numerator)
+        self._balance = min(self._cap, self._balance + credited_ns * self.share.numerator)
 
     def discard_positive(self) -> None:
         """Idle: unused credit lapses, debt stays (D6)."""
@@ -103,7 +104,7 @@ class CreditLedger:
         """The episode's frame completed: it pays its whole actual duration, possibly into debt."""
         if not self.episode_open:
             raise ValueError("no open episode to close: call begin at commit")
-        self._balance -= charged_ns * self.share.denominator
+        self._balance -= charged_ns * self._denominator
         self.episode_open = False
         self.last_episode_ns = charged_ns
 

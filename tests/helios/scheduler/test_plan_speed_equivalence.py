@@ -201,6 +201,25 @@ def test_U5_D2_fastest_shapes_follow_every_observation(observations, read_early)
                                       token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings)))
 
 
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3), st.booleans()), min_size=1, max_size=40))
+def test_D2_timings_turn_stale_when_a_table_built_afresh_sees_them_stale(steps):
+    """The table scans its staleness times only once the clock passes a bound on the earliest;
+    re-observing the earliest entry moves it later. Read at every step, it must give what a
+    table built at that moment from the same cost model gives."""
+    graphs = [decode(1), decode(4), spec(1, 2), spec(4, 3)]
+    ttl = 10 * MS
+    cost = CostModel(ttl_ns=ttl)
+    table = CatalogTiming(graphs, cost)
+    now = 0
+    for advance_ms, index, observe in steps:
+        now += advance_ms * MS // 4
+        if observe:
+            cost.observe(graphs[index].cost_key(), (index + 2) * MS, 0, now)
+            table.observed(graphs[index].cost_key(), now)
+        assert table.at(now) == CatalogTiming(graphs, cost).at(now)
+
+
 def test_U5_fastest_shapes_of_another_timing_list_are_scanned_afresh():
     graphs = [decode(1), decode(4)]
     table = CatalogTiming(graphs, CostModel(ttl_ns=10**15))
@@ -480,3 +499,60 @@ def test_U12_a_skipped_mixed_program_still_prunes_a_faster_larger_one():
     assert pol.select(graphs[2:], timings[2:], population).score == pytest.approx(2.0)  # 4 lanes in 2 ms
     choice = pol.select(graphs, timings, population)
     assert choice.graph is graphs[0] and choice.score == pytest.approx(4 / 3)
+
+
+# ---------------------------------------------------------------------------
+# Facts the core vouches for in its population (ordered, uniform slope, positive)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, policy, copy_share", [
+    ("one family", None, 0.0),
+    ("two families", None, 0.4),
+    ("output tokens worth nothing", {"output_token_value": 0.0}, 0.3),
+])
+def test_U5_U8_population_facts_the_core_vouches_for_hold_and_decide_nothing(monkeypatch, name, policy, copy_share):
+    """Every snapshot the core plans on is ordered, uniform and positive when it says so, and
+    selecting on it without those facts (the selector then checks them itself) decides the same."""
+    from plan_regression_cases import random_trace, varied_catalog
+
+    from helios.scheduler import core
+    from helios.simulation_files import parse_catalog, parse_trace
+    from helios.simulator import Simulation, SimulationOptions
+
+    seen = {"ordered": 0, "uniform_slope": 0, "positive": 0, "decisions": 0}
+    select = pol.select
+
+    def checking_select(graphs, timings, population, described=None, durations=None):
+        d, p = population.decoders, population.prompters
+        if population.ordered:
+            seen["ordered"] += 1
+            assert d.recency == sorted(d.recency) and p.recency == sorted(p.recency)
+        if population.uniform_slope:
+            seen["uniform_slope"] += 1
+            assert len(set(d.age_slope)) <= 1
+        if population.positive:
+            seen["positive"] += 1
+            assert all(price > 0.0 for price in d.token_price)
+            assert all(v >= 0.0 for v in d.delivery_price + d.age_credit)
+        plain = dataclasses.replace(population, ordered=False, uniform_slope=False, positive=False)
+        got, want = select(graphs, timings, population, described, durations), select(graphs, timings, plain)
+        if want is None:
+            assert got is None
+        else:
+            seen["decisions"] += 1
+            assert (got.graph, got.lanes, got.score, got.prefill_row) == (want.graph, want.lanes, want.score,
+                                                                          want.prefill_row)
+        return got
+
+    monkeypatch.setattr(core.pol, "select", checking_select)
+    trace = random_trace(11, 24, 150.0, copy_share=copy_share, policy=policy)
+    simulation = Simulation(parse_catalog(varied_catalog(), name), parse_trace(trace, name),
+                            SimulationOptions(until_ns=1_500 * MS))
+    simulation.run()
+    assert seen["decisions"] > 50 and seen["ordered"] >= seen["decisions"]
+    assert seen["positive"] == (0 if policy else seen["ordered"])
+    if copy_share == 0.0:
+        assert seen["uniform_slope"] == seen["ordered"]  # one delivery family: one slope, always
+    else:
+        assert 0 < seen["uniform_slope"] < seen["ordered"]  # two families live at once in some snapshots
