@@ -15,6 +15,14 @@ The scheduler holds at most 64 request slots (spec U11), so at 256 requests 64
 are admitted and the rest wait in the simulator's arrival queue.
 The goal at 64 requests: median < 0.3 ms, p99 < 1 ms. No assertion: this prints.
 
+Each run also prints a calibration: how long a fixed loop of interpreted
+arithmetic takes (``sum(i * i for i in range(1000))``, 2,000 times) before
+and after the timed calls. It measures the machine, not the scheduler, as
+context for the figures (the development VM read 92 to 148 ms across
+sessions). It is only a rough guide: plan() also slows with load the loop
+does not feel (a neighbour thrashing the shared caches), so two versions are
+best compared at the same time, as below.
+
 ``--clock cpu`` times each call with this thread's CPU time instead of the
 wall clock: on a machine shared with other work it leaves out the time the
 process waited for a core (it still counts slowdowns from a busy sibling
@@ -34,6 +42,7 @@ import argparse
 import statistics
 import sys
 import time
+import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -118,6 +127,11 @@ class _Enough(Exception):
     """Stops the simulation once enough calls were timed."""
 
 
+def calibration_ms() -> float:
+    """Milliseconds for a fixed loop of interpreted arithmetic: this machine's speed right now."""
+    return timeit.timeit("sum(i * i for i in range(1000))", number=2000) * 1e3
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -134,6 +148,7 @@ def main() -> None:
                         help="wall: elapsed time; cpu: this thread's CPU time (steadier on a shared machine)")
     args = parser.parse_args()
     shapes = len(catalog_document()["graphs"])
+    before = calibration_ms()
     print(f"catalog: {shapes} shapes; plan() times in ms ({args.clock} clock)")
     print(f"{'requests':>8} {'admitted':>8} {'calls':>6} {'median':>8} {'p99':>8} | {'all calls':>9} {'median':>8} {'p99':>8}")
     for size in args.sizes:
@@ -146,6 +161,7 @@ def main() -> None:
             f"{size:>8} {admitted:>8} {len(selecting):>6} {statistics.median(selecting):8.3f} "
             f"{percentile(selecting, 0.99):8.3f} | {len(every):>9} {statistics.median(every):8.3f} {percentile(every, 0.99):8.3f}"
         )
+    print(f"calibration loop (machine speed, lower is faster): {before:.0f} ms before, {calibration_ms():.0f} ms after")
 
 
 if __name__ == "__main__":
