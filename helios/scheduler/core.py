@@ -105,6 +105,8 @@ class RequestState:
     produced: int = 0  # committed output tokens
     survival: dict[str, tuple[float, ...]] = field(default_factory=dict)  # selection means per source
     gains: dict[str, list[float]] = field(default_factory=dict)  # policy.cumulative_gains of each, kept with it
+    # per source: (means, weights) of its estimates at depths 1..max (``PrefixSurvival.means_and_weights``)
+    estimates: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
     last_output_ns: int | None = None  # last visible publication (output age)
     decoder_since_ns: int | None = None  # when the prompt finished (age before any output)
     last_selected_ns: int = -1  # last commit naming it (tie order: least recently used)
@@ -372,15 +374,23 @@ class Scheduler:
         return DeliveryFamily(None)
 
     def _refresh_survival(self, state: RequestState) -> None:
-        """Cache selection means per source, nonincreasing in depth (S5)."""
+        """Cache selection means per source, nonincreasing in depth (S5), and the estimates' means and weights.
+
+        Called wherever a request's estimates change (admission, seeding, each
+        completed round's aging and observations), so the cache is current at
+        every decision; the acceptance probe search reads the means and weights
+        from it instead of asking for each lane's estimates (D8).
+        """
         for source in state.request.proposal_sources:
             estimates = state.acceptance.source(source)
+            raw, weights = estimates.means_and_weights(self._max_depth)
             means, envelope = [], 1.0
-            for depth in range(1, self._max_depth + 1):
-                envelope = min(envelope, estimates.survival(depth))
+            for mean in raw:
+                envelope = min(envelope, mean)
                 means.append(envelope)
             state.survival[source] = tuple(means)
             state.gains[source] = pol.cumulative_gains(state.survival[source], self.policy.adaptive_verification_alpha)
+            state.estimates[source] = (raw, weights)
 
     # -- planning -----------------------------------------------------------
 
@@ -547,6 +557,7 @@ class Scheduler:
             survival=[s.survival for s in states],
             recency=[s.last_selected_ns for s in states],
             gains=[s.gains for s in states],
+            estimates=[s.estimates for s in states],
         )
         prm = pol.Prompters()
         for s, room in prompting:

@@ -31,11 +31,14 @@ from helios.scheduler import policy as pol
 from helios.scheduler.cost import CostModel
 from helios.scheduler.learning import (
     NS_PER_MS,
+    ProbeBasis,
     ProbeCandidate,
     ProbeLane,
     WidthProgram,
     choose_exploration,
     lane_probe_terms,
+    priced_probe_terms,
+    probe_basis,
     term_candidate,
     term_rank_key,
 )
@@ -80,6 +83,8 @@ class Funded:
 
 BOUND_MARGIN = 1e-9
 """Relative widening of the probe gain bound's terms: rounding differs by a few 1e-16."""
+
+_UNSEEN = object()  # a probe basis not computed yet in this search
 
 
 class Explorer:
@@ -135,8 +140,8 @@ class Explorer:
             if stale_alternatives(cost, {k: c.score for k, c in alternatives.items()}, decision.now_ns):
                 return True
         learn = accounts.can_begin(SelectionReason.ACCEPTANCE_LEARNING) and not self.fixed_width
-        return learn and any(self._lane_bests(decision, subject(lane.handle), lane.price)
-                             for lane in self._probe_lanes(decision))
+        bases: dict[tuple, ProbeBasis | None] = {}
+        return learn and any(self._bests(decision, lane, subject, bases) for lane in self._probe_lanes(decision))
 
     # -- timing refresh (D7) -------------------------------------------------
 
@@ -183,20 +188,55 @@ class Explorer:
         """
         lanes = self._probe_lanes(decision)
         bounds = [self._gain_bound(decision, lane) for lane in lanes]
-        best = None  # (rank key, lane position, candidate position, lane best, request)
+        best = None  # (rank key, lane position, candidate position, lane best)
+        bases: dict[tuple, ProbeBasis | None] = {}
         for position in sorted((i for i, b in enumerate(bounds) if b is not None), key=lambda i: -bounds[i]):
             if best is not None and bounds[position] < -best[0][0]:
                 break
             lane = lanes[position]
-            request = subject(lane.handle)
-            for at, found in enumerate(self._lane_bests(decision, request, lane.price)):
-                entry = (found.key, position, at, found, request)
+            for at, found in enumerate(self._bests(decision, lane, subject, bases)):
+                entry = (found.key, position, at, found)
                 if best is None or entry[:3] < best[:3]:
                     best = entry
         if best is None:
             return None
-        _, position, _, found, request = best
-        return found.candidate(request.room, lanes[position].price, self.alpha), lanes[position].handle
+        _, position, _, found = best
+        return found.candidate(lanes[position].room, lanes[position].price, self.alpha), lanes[position].handle
+
+    def _bests(self, decision: Decision, lane: "_PricedLane", subject,
+               bases: dict[tuple, ProbeBasis | None]) -> list["_LaneBest"]:
+        """``_lane_bests`` of one lane: from the means and weights the population keeps, when it
+        keeps them, else from the request's estimates (``subject``; its room is the lane's)."""
+        if lane.estimates is None:
+            return self._lane_bests(decision, subject(lane.handle), lane.price)
+        return self._kept_lane_bests(decision, lane, bases)
+
+    def _kept_lane_bests(self, decision: Decision, lane: "_PricedLane",
+                         bases: dict[tuple, ProbeBasis | None]) -> list["_LaneBest"]:
+        """``_lane_bests`` from the population's means and weights, sharing each ``probe_basis``.
+
+        The basis is what a lane's probe terms depend on apart from its price
+        (``lane_probe_terms`` computes it first), so lanes with the same means
+        and weights, and the same room wherever the room limits a depth, share
+        it: a batch of requests admitted together, at the prior, has one for
+        all. Only the priced step runs per lane. The terms are those
+        ``_lane_bests`` finds, computed by the same functions.
+        """
+        found = []
+        room, price = lane.room, lane.price
+        for source, (means, weights) in lane.estimates.items():
+            view = self._source_view(decision, source)
+            if not view.programs:
+                continue
+            key = (source, means, weights, room if room <= view.deepest + 1 else None)
+            basis = bases.get(key, _UNSEEN)  # None is a basis too: no output left
+            if basis is _UNSEEN:
+                basis = bases[key] = probe_basis(means, weights, room, view.ordinary, self.alpha, view.programs)
+            depth, rate, terms = priced_probe_terms(basis, view.ordinary, price)
+            if terms:
+                term = min(terms, key=term_rank_key)  # min keeps the first of equal keys, as a stable sort
+                found.append(_LaneBest(term_rank_key(term), means, weights, view.ordinary, depth, rate, term))
+        return found
 
     def _gain_bound(self, decision: Decision, lane: "_PricedLane") -> float | None:
         """At least the gain per ms of any probe of the lane; None when it has none.
@@ -250,6 +290,7 @@ class Explorer:
         # generated hash is a Python call, an int's is not); the handle itself is checked
         at = {h.slot: i for i, h in enumerate(d.handle)}
         kept = len(d.gains) == len(d)  # the core keeps them; otherwise bounds fall back to the loose form
+        estimates = d.estimates if len(d.estimates) == len(d) else None  # likewise (else: ask ``subject``)
         out = []
         for lane in decision.winner.lanes:
             i = at.get(lane.handle.slot)
@@ -257,7 +298,8 @@ class Explorer:
                 i = None  # another generation of the slot: not in this population
             if lane.phase is LanePhase.DECODE and i is not None and d.token_price[i] > 0:
                 gains = d.gains[i] if kept else dict.fromkeys(d.survival[i])
-                out.append(_PricedLane(lane.handle, d.token_price[i], d.room[i], gains, d.survival[i]))
+                out.append(_PricedLane(lane.handle, d.token_price[i], d.room[i], gains, d.survival[i],
+                                       None if estimates is None else estimates[i]))
         return out
 
     def _lane_bests(self, decision: Decision, request: ProbeSubject, price: float) -> list["_LaneBest"]:
@@ -356,6 +398,8 @@ class _PricedLane:
     room: int  # output tokens it may still commit
     gains: Mapping[str, Sequence[float] | None]  # per proposal source: its selection gains, None if not kept
     survival: Mapping[str, Sequence[float]]  # per proposal source: its selection means (nonincreasing)
+    # per proposal source: its estimates' (means, weights), when the population keeps them
+    estimates: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,24 +208,57 @@ def lane_probe_terms(means: Sequence[float], weights: Sequence[float], remaining
     A decision's probe search reads every decode lane of the winner; it
     builds (and validates) a ``ProbeLane`` only for the lane whose probe wins.
     """
+    return priced_probe_terms(probe_basis(means, weights, remaining_output, ordinary, alpha, programs),
+                              ordinary, token_value)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeBasis:
+    """What a lane's probe terms depend on apart from its price (``lane_probe_terms`` in two steps).
+
+    ``ordinary_expected`` is the ordinary round's expected output; ``programs``
+    holds (program, depth, expected output, least weight of the added depths)
+    for each program that adds depth and leaves output to learn for. Lanes
+    with the same means, weights and (where it limits a depth) room share one.
+    """
+
+    ordinary_depth: int
+    ordinary_expected: float
+    programs: tuple[tuple[WidthProgram, int, float, float], ...]
+
+
+def probe_basis(means: Sequence[float], weights: Sequence[float], remaining_output: int, ordinary: WidthProgram,
+                alpha: float, programs: Iterable[WidthProgram]) -> ProbeBasis | None:
+    """The price-independent part of ``lane_probe_terms`` (None: the lane has no output left)."""
     if remaining_output <= 0:
-        return 0, 0.0, []
+        return None
     ordinary_depth = ordinary.offered_depth(remaining_output)
-    ordinary_rate = token_value * expected_output(means, ordinary_depth, alpha) * NS_PER_MS / ordinary.duration_ns
     expected = _expected_outputs(_probe_survival(means, weights, ordinary_depth), alpha)
-    out = []
+    found = []
     for program in programs:
         depth = program.offered_depth(remaining_output)
         if depth <= ordinary_depth or depth + 1 >= remaining_output:
             continue  # adds no depth, or could use up all output and leave nothing to learn for
         if depth > len(means):
             raise ValueError(f"{program.key} offers depth {depth}; the lane has estimates for {len(means)} depths")
-        rate = token_value * expected[depth] * NS_PER_MS / program.duration_ns  # as ordinary_rate is computed
+        found.append((program, depth, expected[depth], min(weights[ordinary_depth:depth])))
+    return ProbeBasis(ordinary_depth, expected_output(means, ordinary_depth, alpha), tuple(found))
+
+
+def priced_probe_terms(basis: ProbeBasis | None, ordinary: WidthProgram,
+                       token_value: float) -> tuple[int, float, list[tuple]]:
+    """``lane_probe_terms`` from its ``probe_basis``: (ordinary depth, ordinary rate, terms)."""
+    if basis is None:
+        return 0, 0.0, []
+    ordinary_rate = token_value * basis.ordinary_expected * NS_PER_MS / ordinary.duration_ns
+    out = []
+    for program, depth, expected, weight in basis.programs:
+        rate = token_value * expected * NS_PER_MS / program.duration_ns  # as ordinary_rate is computed
         if rate <= ordinary_rate:
             continue
         gain = (rate - ordinary_rate) * NS_PER_MS / program.duration_ns
-        out.append((program, depth, rate, gain, min(weights[ordinary_depth:depth])))
-    return ordinary_depth, ordinary_rate, out
+        out.append((program, depth, rate, gain, weight))
+    return basis.ordinary_depth, ordinary_rate, out
 
 
 def term_rank_key(term: tuple) -> tuple:

@@ -66,6 +66,9 @@ class Decoders:
                     prefix never survives more often; selection's bounds and shortcuts rely on it)
     gains           optional, per proposal source: ``cumulative_gains(survival, alpha)``,
                     for callers that keep it between decisions (empty: computed here)
+    estimates       optional, per proposal source: (means, weights) of the request's estimates
+                    at depths 1..D (``PrefixSurvival.means_and_weights``), which the acceptance
+                    probe search reads (D8; empty: it asks for each lane's estimates)
     """
 
     handle: list[RequestHandle] = field(default_factory=list)
@@ -77,6 +80,7 @@ class Decoders:
     survival: list[Mapping[str, Sequence[float]]] = field(default_factory=list)
     recency: list[int] = field(default_factory=list)
     gains: list[Mapping[str, Sequence[float]]] = field(default_factory=list)
+    estimates: list[Mapping[str, tuple[Sequence[float], Sequence[float]]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.handle)

@@ -70,9 +70,12 @@ def _probe_case(seed: int):
     winner_index = rng.choice([0, 1, 3])  # width one, or a width-two program of the lanes' source
     lanes, dec, requests = [], pol.Decoders(), {}
     price_pool = [rng.uniform(0.1, 5) for _ in range(3)]  # shared prices make equal gains, so ties
+    # shared estimates: lanes whose probe inputs differ only in price share a probe basis
+    estimates_pool = [_estimates(rng) for _ in range(2)]
+    kept = rng.random() < 0.7  # the population keeps each lane's means and weights, as the core's does
     for slot in range(rng.randint(1, 12)):
         handle = RequestHandle(slot, slot + 1)
-        estimates = _estimates(rng)
+        estimates = rng.choice(estimates_pool) if rng.random() < 0.6 else _estimates(rng)
         room = rng.choice([rng.randint(1, 9), 10_000])
         dec.handle.append(handle)
         dec.token_price.append(rng.choice(price_pool + [0.0]))
@@ -83,6 +86,8 @@ def _probe_case(seed: int):
         for column in (dec.delivery_price, dec.age_credit, dec.age_slope):
             column.append(0.0)
         dec.recency.append(slot)
+        if kept:
+            dec.estimates.append({"learned": estimates.means_and_weights(MAX_DEPTH)})
         requests[handle] = ProbeSubject(room, {"learned": estimates})
         lanes.append(PlannedLane(handle, LanePhase.DECODE, query_length=1))
     winner = pol.Choice(CATALOG[winner_index], tuple(lanes), timings[winner_index], 1.0, 0.0, None)
@@ -124,19 +129,23 @@ def test_D8_S9_bounded_probe_search_finds_the_probe_ranking_all_lanes_finds(seed
             expected.program.key, expected.offered_depth, expected.optimistic_rate)
 
 
-def _uniform_lanes(prices):
-    """Lanes with one well-known first draft and unexplored deeper ones (optimism 1), priced ``prices``."""
+def _uniform_lanes(prices, depths=((0.6, 100.0),), prior_weight=1e-9, kept=False, rooms=None):
+    """Lanes priced ``prices``, all with the same estimates: by default one well-known first draft
+    and unexplored deeper ones (optimism 1). ``kept``: the population keeps their means and weights."""
     dec, requests, lanes = pol.Decoders(), {}, []
-    for slot, price in enumerate(prices):
+    rooms = rooms or [10_000] * len(prices)
+    for slot, (price, room) in enumerate(zip(prices, rooms)):
         handle = RequestHandle(slot, slot + 1)
-        estimates = PrefixSurvival(depths=[PrefixEstimate(0.6, 100.0)], prior_weight=1e-9)
+        estimates = PrefixSurvival(depths=[PrefixEstimate(m, w) for m, w in depths], prior_weight=prior_weight)
         survival, gains = _selection(estimates, 1.0)
-        for column, value in ((dec.handle, handle), (dec.token_price, price), (dec.room, 10_000),
+        for column, value in ((dec.handle, handle), (dec.token_price, price), (dec.room, room),
                               (dec.survival, survival), (dec.gains, gains),
                               (dec.delivery_price, 0.0), (dec.age_credit, 0.0), (dec.age_slope, 0.0),
                               (dec.recency, slot)):
             column.append(value)
-        requests[handle] = ProbeSubject(10_000, {"learned": estimates})
+        if kept:
+            dec.estimates.append({"learned": estimates.means_and_weights(MAX_DEPTH)})
+        requests[handle] = ProbeSubject(room, {"learned": estimates})
         lanes.append(PlannedLane(handle, LanePhase.DECODE, query_length=2))
     timings = [pol.GraphTiming(int(ms * MS), True) for ms in (3, 4, 5, 6, 4, 5, 6, 8)]
     winner = pol.Choice(CATALOG[3], tuple(lanes), timings[3], 1.0, 0.0, None)
@@ -150,6 +159,69 @@ def test_D8_probe_gain_bound_is_tight_when_added_drafts_are_unexplored():
     (found,) = explorer._lane_bests(decision, requests[lane.handle], lane.price)
     gain = -found.key[0]
     assert gain <= explorer._gain_bound(decision, lane) <= gain * (1 + 1e-8)
+
+
+@pytest.mark.parametrize("kept", [False, True])
+@pytest.mark.parametrize("price", [1.3, 0.9, 3.1])
+def test_D8_a_lane_a_rounding_cheaper_still_wins_on_an_equal_or_rounded_up_gain(price, kept):
+    """Two lanes with the same estimates, the first priced one unit in the last place below the
+    second: it is searched second (its bound is lower), and its gain rounds to the same float or
+    above, so it must still win, as ranking every lane makes it; also when both share one probe
+    basis (``kept``) and only their prices are applied apart."""
+    depths = ((0.6, 100.0), (0.3, 100.0), (0.1, 100.0))
+    decision, requests = _uniform_lanes([math.nextafter(price, 0.0), price], depths=depths, prior_weight=1.0,
+                                        kept=kept)
+    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    found, handle = explorer._best_probe(decision, requests.__getitem__)
+    expected, expected_handle = _ranked_over_every_lane(explorer, decision, requests, 1.0)
+    assert handle == expected_handle == RequestHandle(0, 1) and found.rank_key() == expected.rank_key()
+
+
+def test_D8_kept_means_and_weights_spare_asking_for_each_request_and_share_one_basis(monkeypatch):
+    """With the population keeping each lane's means and weights, the search asks for no request's
+    estimates, computes one probe basis for lanes that share them, and finds what ranking every
+    lane finds."""
+    from helios.scheduler import explore
+
+    prices = [1.0, 1.02, 0.97, 1.01, 0.99, 1.015]
+    depths = ((0.6, 100.0), (0.3, 100.0), (0.1, 100.0))
+    decision, requests = _uniform_lanes(prices, depths=depths, prior_weight=1.0, kept=True)
+    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    bases = []
+    basis = explore.probe_basis
+    monkeypatch.setattr(explore, "probe_basis", lambda *a: bases.append(a) or basis(*a))
+
+    def not_asked(handle):
+        raise AssertionError(f"asked for {handle}'s estimates")
+
+    found, handle = explorer._best_probe(decision, not_asked)
+    expected, expected_handle = _ranked_over_every_lane(explorer, decision, requests, 1.0)
+    assert handle == expected_handle and found.rank_key() == expected.rank_key()
+    assert (found.lane.means, found.lane.weights, found.lane.remaining_output) == (
+        expected.lane.means, expected.lane.weights, expected.lane.remaining_output)
+    assert len(bases) == 1
+
+
+@pytest.mark.parametrize("rooms", [[10_000, 4], [4, 10_000], [3, 5], [10_000, 10_000]])
+def test_D8_lanes_share_a_probe_basis_only_where_their_room_limits_no_depth(rooms):
+    """Same estimates, rooms that cut the deeper programs' depth for one lane (or both): each lane
+    gets the probe its own room allows, as ranking every lane does."""
+    depths = ((0.6, 100.0), (0.3, 100.0), (0.1, 100.0))
+    decision, requests = _uniform_lanes([1.0, 1.3], depths=depths, prior_weight=0.5, kept=True, rooms=rooms)
+    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    for order in ((0, 1), (1, 0)):  # either lane may compute the basis the other could reuse
+        lanes, bases = explorer._probe_lanes(decision), {}
+        for position in order:
+            lane = lanes[position]
+            kept = explorer._kept_lane_bests(decision, lane, bases)
+            asked = explorer._lane_bests(decision, requests[lane.handle], lane.price)
+            terms = [[(b.key, b.term[0].key, b.term[1]) for b in bests] for bests in (kept, asked)]
+            assert terms[0] == terms[1]
+    got = explorer._best_probe(decision, requests.__getitem__)
+    want = _ranked_over_every_lane(explorer, decision, requests, 1.0)
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert got[1] == want[1] and got[0].rank_key() == want[0].rank_key()
 
 
 def test_D8_probe_search_evaluates_only_lanes_whose_bound_reaches_the_best_gain():
@@ -511,16 +583,18 @@ def test_U12_a_skipped_mixed_program_still_prunes_a_faster_larger_one():
     ("two families", None, 0.4),
     ("output tokens worth nothing", {"output_token_value": 0.0}, 0.3),
 ])
-def test_U5_U8_population_facts_the_core_vouches_for_hold_and_decide_nothing(monkeypatch, name, policy, copy_share):
+def test_U5_U8_D8_population_facts_the_core_vouches_for_hold_and_decide_nothing(monkeypatch, name, policy,
+                                                                              copy_share):
     """Every snapshot the core plans on is ordered, uniform and positive when it says so, and
-    selecting on it without those facts (the selector then checks them itself) decides the same."""
+    selecting on it without those facts (the selector then checks them itself) decides the same;
+    the means and weights it keeps per request are those of the request's estimates then."""
     from plan_regression_cases import random_trace, varied_catalog
 
     from helios.scheduler import core
     from helios.simulation_files import parse_catalog, parse_trace
     from helios.simulator import Simulation, SimulationOptions
 
-    seen = {"ordered": 0, "uniform_slope": 0, "positive": 0, "decisions": 0}
+    seen = {"ordered": 0, "uniform_slope": 0, "positive": 0, "decisions": 0, "estimates": 0}
     select = pol.select
 
     def checking_select(graphs, timings, population, described=None, durations=None):
@@ -531,6 +605,11 @@ def test_U5_U8_population_facts_the_core_vouches_for_hold_and_decide_nothing(mon
         if population.uniform_slope:
             seen["uniform_slope"] += 1
             assert len(set(d.age_slope)) <= 1
+        for handle, kept in zip(d.handle, d.estimates):  # the probe search's means and weights are current
+            acceptance = simulation.scheduler._slots[handle.slot].acceptance
+            assert kept == {source: acceptance.by_source[source].means_and_weights(simulation.scheduler._max_depth)
+                            for source in kept}
+            seen["estimates"] += 1
         if population.positive:
             seen["positive"] += 1
             assert all(price > 0.0 for price in d.token_price)
@@ -550,7 +629,7 @@ def test_U5_U8_population_facts_the_core_vouches_for_hold_and_decide_nothing(mon
     simulation = Simulation(parse_catalog(varied_catalog(), name), parse_trace(trace, name),
                             SimulationOptions(until_ns=1_500 * MS))
     simulation.run()
-    assert seen["decisions"] > 50 and seen["ordered"] >= seen["decisions"]
+    assert seen["decisions"] > 50 and seen["ordered"] >= seen["decisions"] and seen["estimates"] > 1000
     assert seen["positive"] == (0 if policy else seen["ordered"])
     if copy_share == 0.0:
         assert seen["uniform_slope"] == seen["ordered"]  # one delivery family: one slope, always
