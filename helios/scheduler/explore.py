@@ -35,9 +35,9 @@ from helios.scheduler.learning import (
     ProbeCandidate,
     ProbeLane,
     WidthProgram,
+    best_priced_term,
     choose_exploration,
     lane_probe_terms,
-    priced_probe_terms,
     probe_basis,
     term_candidate,
     term_rank_key,
@@ -232,9 +232,8 @@ class Explorer:
             basis = bases.get(key, _UNSEEN)  # None is a basis too: no output left
             if basis is _UNSEEN:
                 basis = bases[key] = probe_basis(means, weights, room, view.ordinary, self.alpha, view.programs)
-            depth, rate, terms = priced_probe_terms(basis, view.ordinary, price)
-            if terms:
-                term = min(terms, key=term_rank_key)  # min keeps the first of equal keys, as a stable sort
+            depth, rate, term = best_priced_term(basis, view.ordinary, price)
+            if term is not None:
                 found.append(_LaneBest(term_rank_key(term), means, weights, view.ordinary, depth, rate, term))
         return found
 

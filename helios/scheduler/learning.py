@@ -225,6 +225,9 @@ class ProbeBasis:
     ordinary_depth: int
     ordinary_expected: float
     programs: tuple[tuple[WidthProgram, int, float, float], ...]
+    # ``programs`` again, stably sorted by the rank key's price-independent part (weight,
+    # duration, rows, batch): among equal gains the first of them ranks first
+    ranked: tuple[tuple[WidthProgram, int, float, float], ...] = ()
 
 
 def probe_basis(means: Sequence[float], weights: Sequence[float], remaining_output: int, ordinary: WidthProgram,
@@ -242,7 +245,8 @@ def probe_basis(means: Sequence[float], weights: Sequence[float], remaining_outp
         if depth > len(means):
             raise ValueError(f"{program.key} offers depth {depth}; the lane has estimates for {len(means)} depths")
         found.append((program, depth, expected[depth], min(weights[ordinary_depth:depth])))
-    return ProbeBasis(ordinary_depth, expected_output(means, ordinary_depth, alpha), tuple(found))
+    ranked = sorted(found, key=lambda p: (p[3], p[0].duration_ns, p[0].target_rows, p[0].batch_capacity))
+    return ProbeBasis(ordinary_depth, expected_output(means, ordinary_depth, alpha), tuple(found), tuple(ranked))
 
 
 def priced_probe_terms(basis: ProbeBasis | None, ordinary: WidthProgram,
@@ -259,6 +263,28 @@ def priced_probe_terms(basis: ProbeBasis | None, ordinary: WidthProgram,
         gain = (rate - ordinary_rate) * NS_PER_MS / program.duration_ns
         out.append((program, depth, rate, gain, weight))
     return basis.ordinary_depth, ordinary_rate, out
+
+
+def best_priced_term(basis: ProbeBasis | None, ordinary: WidthProgram,
+                     token_value: float) -> tuple[int, float, tuple | None]:
+    """``priced_probe_terms`` with only the term ``min(terms, key=term_rank_key)`` picks (None: no term).
+
+    The rank key is (-gain, then price-independent fields), so the best term
+    has the largest gain and, among equal gains, comes first in
+    ``basis.ranked``; the scan keeps the first largest, computing no key.
+    """
+    if basis is None:
+        return 0, 0.0, None
+    ordinary_rate = token_value * basis.ordinary_expected * NS_PER_MS / ordinary.duration_ns
+    best, best_gain = None, 0.0
+    for program, depth, expected, weight in basis.ranked:
+        rate = token_value * expected * NS_PER_MS / program.duration_ns  # as priced_probe_terms computes it
+        if rate <= ordinary_rate:
+            continue
+        gain = (rate - ordinary_rate) * NS_PER_MS / program.duration_ns
+        if best is None or gain > best_gain:
+            best, best_gain = (program, depth, rate, gain, weight), gain
+    return basis.ordinary_depth, ordinary_rate, best
 
 
 def term_rank_key(term: tuple) -> tuple:

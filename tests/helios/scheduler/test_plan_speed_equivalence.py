@@ -34,7 +34,15 @@ from helios.scheduler import policy as pol
 from helios.scheduler.catalog_timing import CatalogTiming
 from helios.scheduler.cost import CostModel
 from helios.scheduler.explore import Decision, Explorer, ProbeSubject
-from helios.scheduler.learning import ProbeLane, best_probe
+from helios.scheduler.learning import (
+    ProbeLane,
+    WidthProgram,
+    best_priced_term,
+    best_probe,
+    priced_probe_terms,
+    probe_basis,
+    term_rank_key,
+)
 from helios.scheduler.service import DeliveryFamily, token_normalizer
 from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
 from helios.scheduler.types import GENERATION_KINDS, GraphDescriptor, GraphKind, LanePhase, PlannedLane, RequestHandle
@@ -222,6 +230,27 @@ def test_D8_lanes_share_a_probe_basis_only_where_their_room_limits_no_depth(room
     assert (got is None) == (want is None)
     if want is not None:
         assert got[1] == want[1] and got[0].rank_key() == want[0].rank_key()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_D8_best_priced_term_is_the_first_least_rank_key_of_all_priced_terms(seed):
+    """The kept-estimates search picks a lane's term by a scan over the basis in the key's
+    price-independent order; it must be the term ``min(terms, key=term_rank_key)`` picks,
+    ties (equal durations, shapes and weights, so equal gains) included."""
+    rng = random.Random(seed)
+    estimates = _estimates(rng)
+    means, weights = estimates.means_and_weights(MAX_DEPTH)
+    durations = [rng.choice([3, 4, 4, 6]) * MS for _ in range(6)]
+    programs = [WidthProgram(f"p{i}", rng.randint(1, 6), rng.randint(0, MAX_DEPTH - 1), durations[i],
+                             rng.choice([8, 16]), rng.choice([2, 4])) for i in range(6)]
+    ordinary = WidthProgram("ordinary", rng.randint(1, 2), 1, rng.choice([2, 3]) * MS, 4, 4)
+    basis = probe_basis(means, weights, rng.choice([0, 2, 3, 5, 10_000]), ordinary, rng.choice([0.5, 1.0, 2.0]),
+                        programs)
+    price = rng.choice([0.3, 1.0, 2.7])
+    depth, rate, terms = priced_probe_terms(basis, ordinary, price)
+    got = best_priced_term(basis, ordinary, price)
+    assert got == (depth, rate, min(terms, key=term_rank_key) if terms else None)
 
 
 def test_D8_probe_search_evaluates_only_lanes_whose_bound_reaches_the_best_gain():
