@@ -227,7 +227,7 @@ class ProbeBasis:
     programs: tuple[tuple[WidthProgram, int, float, float], ...]
     # ``programs`` again, stably sorted by the rank key's price-independent part (weight,
     # duration, rows, batch): among equal gains the first of them ranks first
-    ranked: tuple[tuple[WidthProgram, int, float, float], ...] = ()
+    ranked: tuple[tuple[WidthProgram, int, float, float], ...]
 
 
 def probe_basis(means: Sequence[float], weights: Sequence[float], remaining_output: int, ordinary: WidthProgram,
