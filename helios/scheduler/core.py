@@ -538,20 +538,17 @@ class Scheduler:
             slope, first = (c * sigma, 1.0 / sigma) if sigma else (0.0, 1.0)
             slopes = [slope] * len(states)
             deliveries = [first if z is None else z for z in deliveries]
-            age_credit = [slope * (age if (age := (start_ns - reference) / 1e6) > 0.0 else 0.0)
-                          for reference in references]
         else:
             family_sigmas = [sigmas.get(s.family.proposal_source) for s in states]
             slopes = [c * sigma if sigma else 0.0 for sigma in family_sigmas]
             deliveries = [(1.0 / sigma if sigma else 1.0) if z is None else z
                           for z, sigma in zip(deliveries, family_sigmas)]
-            age_credit = [slope * (age if (age := (start_ns - reference) / 1e6) > 0.0 else 0.0)
-                          for slope, reference in zip(slopes, references)]
         dec = pol.Decoders(
             handle=[s.handle for s in states],
             token_price=[beta + f / x for x in rates],
             delivery_price=[g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS) for z in deliveries],
-            age_credit=age_credit,
+            age_credit=[slope * (age if (age := (start_ns - reference) / 1e6) > 0.0 else 0.0)
+                        for slope, reference in zip(slopes, references)],
             age_slope=slopes,
             room=rooms,
             survival=[s.survival for s in states],

@@ -37,7 +37,6 @@ from helios.scheduler.learning import (
     WidthProgram,
     best_priced_term,
     choose_exploration,
-    lane_probe_terms,
     probe_basis,
     term_candidate,
     term_rank_key,
@@ -208,34 +207,8 @@ class Explorer:
         """``_lane_bests`` of one lane: from the means and weights the population keeps, when it
         keeps them, else from the request's estimates (``subject``; its room is the lane's)."""
         if lane.estimates is None:
-            return self._lane_bests(decision, subject(lane.handle), lane.price)
-        return self._kept_lane_bests(decision, lane, bases)
-
-    def _kept_lane_bests(self, decision: Decision, lane: "_PricedLane",
-                         bases: dict[tuple, ProbeBasis | None]) -> list["_LaneBest"]:
-        """``_lane_bests`` from the population's means and weights, sharing each ``probe_basis``.
-
-        The basis is what a lane's probe terms depend on apart from its price
-        (``lane_probe_terms`` computes it first), so lanes with the same means
-        and weights, and the same room wherever the room limits a depth, share
-        it: a batch of requests admitted together, at the prior, has one for
-        all. Only the priced step runs per lane. The terms are those
-        ``_lane_bests`` finds, computed by the same functions.
-        """
-        found = []
-        room, price = lane.room, lane.price
-        for source, (means, weights) in lane.estimates.items():
-            view = self._source_view(decision, source)
-            if not view.programs:
-                continue
-            key = (source, means, weights, room if room <= view.deepest + 1 else None)
-            basis = bases.get(key, _UNSEEN)  # None is a basis too: no output left
-            if basis is _UNSEEN:
-                basis = bases[key] = probe_basis(means, weights, room, view.ordinary, self.alpha, view.programs)
-            depth, rate, term = best_priced_term(basis, view.ordinary, price)
-            if term is not None:
-                found.append(_LaneBest(term_rank_key(term), means, weights, view.ordinary, depth, rate, term))
-        return found
+            return self._lane_bests(decision, subject(lane.handle), lane.price, bases)
+        return self._bests_of(decision, lane.estimates, lane.room, lane.price, bases)
 
     def _gain_bound(self, decision: Decision, lane: "_PricedLane") -> float | None:
         """At least the gain per ms of any probe of the lane; None when it has none.
@@ -301,24 +274,36 @@ class Explorer:
                                        None if estimates is None else estimates[i]))
         return out
 
-    def _lane_bests(self, decision: Decision, request: ProbeSubject, price: float) -> list["_LaneBest"]:
-        """One lane's best probe per source, in source order (an empty list: the lane has none).
+    def _lane_bests(self, decision: Decision, request: ProbeSubject, price: float,
+                    bases: dict[tuple, ProbeBasis | None] | None = None) -> list["_LaneBest"]:
+        """One lane's best probe per source, in source order (an empty list: the lane has none)."""
+        estimates = {source: e.means_and_weights(self.max_depth) for source, e in request.estimates.items()}
+        return self._bests_of(decision, estimates, request.room, price, {} if bases is None else bases)
+
+    def _bests_of(self, decision: Decision, estimates: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                  room: int, price: float, bases: dict[tuple, ProbeBasis | None]) -> list["_LaneBest"]:
+        """``_lane_bests`` from (means, weights) per source, sharing each ``probe_basis`` through ``bases``.
 
         Ranked together with the other lanes, only a source's best candidate
-        can come first (the others rank after it), so only its terms are kept.
+        can come first (the others rank after it), so only it is kept. The
+        basis is what a lane's probe terms depend on apart from its price
+        (``lane_probe_terms`` computes it first), so lanes with the same means
+        and weights, and the same room wherever the room limits a depth, share
+        it: a batch of requests admitted together, at the prior, has one for
+        all. Only the priced step runs per lane.
         """
         found = []
-        for source, estimates in request.estimates.items():
+        for source, (means, weights) in estimates.items():
             view = self._source_view(decision, source)
             if not view.programs:
                 continue
-            means, weights = estimates.means_and_weights(self.max_depth)
-            ordinary = view.ordinary
-            depth, rate, terms = lane_probe_terms(means, weights, request.room, ordinary, price, self.alpha,
-                                                  view.programs)
-            if terms:
-                term = min(terms, key=term_rank_key)  # min keeps the first of equal keys, as a stable sort
-                found.append(_LaneBest(term_rank_key(term), means, weights, ordinary, depth, rate, term))
+            key = (source, means, weights, room if room <= view.deepest + 1 else None)
+            basis = bases.get(key, _UNSEEN)  # None is a basis too: no output left
+            if basis is _UNSEEN:
+                basis = bases[key] = probe_basis(means, weights, room, view.ordinary, self.alpha, view.programs)
+            depth, rate, term = best_priced_term(basis, view.ordinary, price)
+            if term is not None:
+                found.append(_LaneBest(term_rank_key(term), means, weights, view.ordinary, depth, rate, term))
         return found
 
     def _source_view(self, decision: Decision, source: str) -> "_SourceView":

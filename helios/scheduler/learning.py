@@ -218,16 +218,15 @@ class ProbeBasis:
 
     ``ordinary_expected`` is the ordinary round's expected output; ``programs``
     holds (program, depth, expected output, least weight of the added depths)
-    for each program that adds depth and leaves output to learn for. Lanes
-    with the same means, weights and (where it limits a depth) room share one.
+    for each program that adds depth and leaves output to learn for, stably
+    sorted by the rank key's price-independent part (weight, duration, rows,
+    batch), so that among equal gains the first ranks first. Lanes with the
+    same means, weights and (where it limits a depth) room share one.
     """
 
     ordinary_depth: int
     ordinary_expected: float
     programs: tuple[tuple[WidthProgram, int, float, float], ...]
-    # ``programs`` again, stably sorted by the rank key's price-independent part (weight,
-    # duration, rows, batch): among equal gains the first of them ranks first
-    ranked: tuple[tuple[WidthProgram, int, float, float], ...]
 
 
 def probe_basis(means: Sequence[float], weights: Sequence[float], remaining_output: int, ordinary: WidthProgram,
@@ -245,13 +244,17 @@ def probe_basis(means: Sequence[float], weights: Sequence[float], remaining_outp
         if depth > len(means):
             raise ValueError(f"{program.key} offers depth {depth}; the lane has estimates for {len(means)} depths")
         found.append((program, depth, expected[depth], min(weights[ordinary_depth:depth])))
-    ranked = sorted(found, key=lambda p: (p[3], p[0].duration_ns, p[0].target_rows, p[0].batch_capacity))
-    return ProbeBasis(ordinary_depth, expected_output(means, ordinary_depth, alpha), tuple(found), tuple(ranked))
+    found.sort(key=lambda p: (p[3], p[0].duration_ns, p[0].target_rows, p[0].batch_capacity))
+    return ProbeBasis(ordinary_depth, expected_output(means, ordinary_depth, alpha), tuple(found))
 
 
 def priced_probe_terms(basis: ProbeBasis | None, ordinary: WidthProgram,
                        token_value: float) -> tuple[int, float, list[tuple]]:
-    """``lane_probe_terms`` from its ``probe_basis``: (ordinary depth, ordinary rate, terms)."""
+    """``lane_probe_terms`` from its ``probe_basis``: (ordinary depth, ordinary rate, terms).
+
+    The terms come in the basis's order: equal rank keys keep the order they
+    would have in the catalog's, so every ranking of them is the same.
+    """
     if basis is None:
         return 0, 0.0, []
     ordinary_rate = token_value * basis.ordinary_expected * NS_PER_MS / ordinary.duration_ns
@@ -269,22 +272,16 @@ def best_priced_term(basis: ProbeBasis | None, ordinary: WidthProgram,
                      token_value: float) -> tuple[int, float, tuple | None]:
     """``priced_probe_terms`` with only the term ``min(terms, key=term_rank_key)`` picks (None: no term).
 
-    The rank key is (-gain, then price-independent fields), so the best term
-    has the largest gain and, among equal gains, comes first in
-    ``basis.ranked``; the scan keeps the first largest, computing no key.
+    The rank key is (-gain, then price-independent fields) and the terms come
+    in the order of those fields, so the best is the first largest gain: one
+    scan, no key per term.
     """
-    if basis is None:
-        return 0, 0.0, None
-    ordinary_rate = token_value * basis.ordinary_expected * NS_PER_MS / ordinary.duration_ns
-    best, best_gain = None, 0.0
-    for program, depth, expected, weight in basis.ranked:
-        rate = token_value * expected * NS_PER_MS / program.duration_ns  # as priced_probe_terms computes it
-        if rate <= ordinary_rate:
-            continue
-        gain = (rate - ordinary_rate) * NS_PER_MS / program.duration_ns
-        if best is None or gain > best_gain:
-            best, best_gain = (program, depth, rate, gain, weight), gain
-    return basis.ordinary_depth, ordinary_rate, best
+    depth, rate, terms = priced_probe_terms(basis, ordinary, token_value)
+    best = None
+    for term in terms:
+        if best is None or term[3] > best[3]:
+            best = term
+    return depth, rate, best
 
 
 def term_rank_key(term: tuple) -> tuple:

@@ -221,7 +221,7 @@ def test_D8_lanes_share_a_probe_basis_only_where_their_room_limits_no_depth(room
         lanes, bases = explorer._probe_lanes(decision), {}
         for position in order:
             lane = lanes[position]
-            kept = explorer._kept_lane_bests(decision, lane, bases)
+            kept = explorer._bests_of(decision, lane.estimates, lane.room, lane.price, bases)
             asked = explorer._lane_bests(decision, requests[lane.handle], lane.price)
             terms = [[(b.key, b.term[0].key, b.term[1]) for b in bests] for bests in (kept, asked)]
             assert terms[0] == terms[1]
