@@ -47,6 +47,7 @@ from helios.engine_api import (
     TextDelta,
 )
 from helios.executor import (
+    BoundFrame,
     Executor,
     FrameResult,
     LaneContext,
@@ -54,6 +55,7 @@ from helios.executor import (
     Program,
     RowSampling,
     bind,
+    row_sampling,
     takes_host_drafts,
 )
 from helios.pages import PageAllocator, PageLayout
@@ -366,8 +368,8 @@ class HeliosEngine:
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
         s = request.sampling
-        sampling = RowSampling(s.temperature, s.top_k or 0, s.top_p,
-                               s.seed if s.seed is not None else random.getrandbits(62))
+        seed = s.seed if s.seed is not None else random.getrandbits(62)
+        sampling = row_sampling(s.temperature, s.top_k, s.top_p, seed, self.tokenizer.vocab_size)
         live = Live(request, sampling, OutputText(self.tokenizer, request.stop), _deliverer(loop, deltas))
         self._events.put(_Submitted(live))
         return self._relay(request.request_id, deltas)
@@ -536,22 +538,30 @@ class HeliosEngine:
             self._submit(plan)
 
     def _submit(self, plan: ScheduledPlan) -> None:
-        contexts = {}
-        for lane in plan.lanes:
-            live = self._by_slot[lane.handle.slot]
-            contexts[lane.handle] = self._lane_context(live, lane, plan)
-            if self.pages.reserve(lane.handle.slot, self._lane_extent(live, lane, plan)):
-                self._page_table.sync(self.pages, lane.handle.slot)
-        frame = bind(plan, contexts, self._page_table.snapshot())
-        self._fence += 1
         queued_behind = bool(self.scheduler.queued_fences)
-        self.scheduler.commit(plan, self._fence)
+        try:
+            frame = self._bind(plan)
+            self.scheduler.commit(plan, self._fence + 1)  # checks before it changes anything
+        except Exception as error:  # this frame's inputs: fail its requests, keep serving the rest
+            self._fail_frame(plan, error, "preparing")
+            return
+        self._fence += 1
         for lane in plan.lanes:
             live = self._by_slot[lane.handle.slot]
             live.inflight += 1
             live.queued_bound += lane_output_bound(lane, plan.graph)
         self._counters.queued_commits += queued_behind
         self._work.put((self._fence, frame, time.monotonic_ns()))
+
+    def _bind(self, plan: ScheduledPlan) -> BoundFrame:
+        """Reserve the lanes' pages and pack the frame's inputs (nothing is committed yet)."""
+        contexts = {}
+        for lane in plan.lanes:
+            live = self._by_slot[lane.handle.slot]
+            contexts[lane.handle] = self._lane_context(live, lane, plan)
+            if self.pages.reserve(lane.handle.slot, self._lane_extent(live, lane, plan)):
+                self._page_table.sync(self.pages, lane.handle.slot)
+        return bind(plan, contexts, self._page_table.snapshot())
 
     def _lane_context(self, live: Live, lane: PlannedLane, plan: ScheduledPlan) -> LaneContext:
         """A prompt lane's prompt; a copy-source lane's prompt-lookup drafts (learned programs draw their own)."""
@@ -580,18 +590,23 @@ class HeliosEngine:
         plan = event.plan
         self.scheduler.advance_to(time.monotonic_ns())
         if event.error is not None:
-            records, timing = (), ExecutionTiming(0, max(0, time.monotonic_ns() - event.dispatched_ns))
-            self._fail_frame(plan, event.error)
+            records, timing = (), _unmeasured(event.dispatched_ns)
+            self._fail_frame(plan, event.error, "running")
         else:
             records, timing = event.result.records, event.result.timing
-        generated = self._complete(event.fence, plan, records, timing)
+        try:
+            generated = self._complete(event.fence, plan, records, timing)
+        except Exception as error:  # e.g. records the scheduler refuses: this frame's requests fail, no others
+            self._fail_frame(plan, error, "completing")
+            records, timing = (), _unmeasured(event.dispatched_ns)
+            generated = self._retire_fence(event.fence, plan, timing)
         self._count(plan, records, timing)
         for lane in plan.lanes:
             live = self._by_slot[lane.handle.slot]
             live.inflight -= 1
             live.queued_bound -= lane_output_bound(lane, plan.graph)
         for token in generated:
-            self._publish(self._by_slot[token.handle.slot], token)
+            self._publish_or_fail(self._by_slot[token.handle.slot], token)
         for lane in plan.lanes:
             live = self._by_slot.get(lane.handle.slot)
             if live is not None and live.handle == lane.handle:
@@ -609,13 +624,30 @@ class HeliosEngine:
             return self.scheduler.complete(fence, records, timing)
         return self.scheduler.complete_with_survival(fence, records, timing, survival)
 
-    def _fail_frame(self, plan: ScheduledPlan, error: BaseException) -> None:
-        """A program raised: fail the requests of this frame only; the rest keep being served."""
-        log.error("program %s failed; failing the %d requests of its frame", plan.graph.id, len(plan.lanes),
-                  exc_info=error)
+    def _retire_fence(self, fence: int, plan: ScheduledPlan, timing: ExecutionTiming) -> list[GeneratedToken]:
+        """Complete a failed frame with no records (its lanes are cancelled), unless the scheduler already did."""
+        if fence not in self.scheduler.queued_fences:
+            return []
+        return self._complete(fence, plan, (), timing)
+
+    def _fail_frame(self, plan: ScheduledPlan, error: BaseException, stage: str) -> None:
+        """Preparing, running or completing a frame raised: fail that frame's requests only (spec: one
+        program's exception fails only its frame); their pages free once no queued frame names them."""
+        log.error("%s a frame of %s failed; failing the %d requests of the frame", stage, plan.graph.id,
+                  len(plan.lanes), exc_info=error)
+        message = f"{stage} a frame of {plan.graph.id} failed: {error}"
         for lane in plan.lanes:
-            live = self._by_slot[lane.handle.slot]
-            self._end(live, GenerationFailed(f"program {plan.graph.id} failed: {error}"))
+            live = self._by_slot.get(lane.handle.slot)
+            if live is not None and live.handle == lane.handle:
+                self._end(live, GenerationFailed(message))
+
+    def _publish_or_fail(self, live: Live, token: GeneratedToken) -> None:
+        """Publish one request's tokens; if that raises (detokenizing, say), only this request fails."""
+        try:
+            self._publish(live, token)
+        except Exception as error:
+            log.error("publishing output of request %s failed", live.request.request_id, exc_info=error)
+            self._end(live, GenerationFailed(f"publishing the output failed: {error}"))
 
     def _publish(self, live: Live, token: GeneratedToken) -> None:
         """Detokenize, apply stops, deliver, and report visible output (A4) before the next completion."""
@@ -680,6 +712,11 @@ def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout:
     """
     headroom = max((g.proposal_depth for g in graphs if rounds.is_prefix_limit(g)), default=0)
     return min(int(catalog.envelope.extra.get("context_length", 1 << 30)), layout.slot_capacity - headroom)
+
+
+def _unmeasured(dispatched_ns: int) -> ExecutionTiming:
+    """A failed frame's timing: no device interval (no cost sample, no service), only its wall time."""
+    return ExecutionTiming(0, max(0, time.monotonic_ns() - dispatched_ns))
 
 
 def _sidecar(records, name: str) -> list | None:

@@ -27,6 +27,7 @@ never reaches the scheduler (A2).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,14 +52,55 @@ PROMPT_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.MIXED)
 Program = Callable[..., Mapping[str, torch.Tensor]]
 
 
+INT32_MAX = 2**31 - 1
+INT64_RANGE = (-(2**63), 2**63 - 1)
+# The smallest normal float32: a smaller top_p becomes zero (or a subnormal a GPU may flush to zero)
+# in the float32 input, and a zero top_p would keep no token at all.
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
+
+
 @dataclass(frozen=True, slots=True)
 class RowSampling:
-    """One row's sampling inputs; temperature 0 is greedy, top_k 0 and top_p 1 cut nothing."""
+    """One row's sampling inputs; temperature 0 is greedy, top_k 0 and top_p 1 cut nothing.
+
+    Each value must fit the program input that carries it (``top_k`` int32,
+    ``seed`` int64, ``top_p`` a positive float32): ``row_sampling`` fits a
+    request's parameters, so a bad value is refused when the request is
+    submitted, never while the control thread packs a frame.
+    """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not 0 <= self.top_k <= INT32_MAX:
+            raise ValueError(f"top_k must be in 0..{INT32_MAX} (an int32 input), got {self.top_k}")
+        if not INT64_RANGE[0] <= self.seed <= INT64_RANGE[1]:
+            raise ValueError(f"seed must be a signed 64-bit integer (an int64 input), got {self.seed}")
+        if not FLOAT32_TINY <= self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in [{FLOAT32_TINY}, 1] (a positive float32), got {self.top_p}")
+
+
+def row_sampling(temperature: float, top_k: int | None, top_p: float, seed: int, vocab_size: int) -> RowSampling:
+    """A request's sampling parameters as the program inputs can hold them, with the same meaning.
+
+    ``top_k`` above the vocabulary cuts nothing, so it is clamped to it (None:
+    no cut). The sampler reads a seed's 64 bits, so any integer becomes the
+    int64 with the same low 64 bits (2**64 - 1 and -1 are one seed). A
+    ``top_p`` below the smallest normal float32 is raised to it, which keeps
+    only the most likely token, as top-p sampling always keeps at least one.
+    """
+    return RowSampling(temperature=temperature, top_k=min(top_k or 0, vocab_size), top_p=max(top_p, FLOAT32_TINY),
+                       seed=int64_seed(seed))
+
+
+def int64_seed(seed: int) -> int:
+    """The int64 congruent to ``seed`` modulo 2**64 (two's complement of its low 64 bits)."""
+    return (seed - INT64_RANGE[0]) % 2**64 + INT64_RANGE[0]
 
 
 @dataclass(frozen=True, slots=True)
