@@ -22,7 +22,6 @@ the worker simply finds it queued.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import queue
 import random
@@ -42,6 +41,7 @@ from helios.engine_api import (
     FinishReason,
     GenerationFailed,
     GenerationRequest,
+    QueueTimeout,
     RequestRejected,
     SpeculativeTotals,
     TextDelta,
@@ -75,6 +75,7 @@ from helios.scheduler.types import (
     ValueSource,
 )
 from helios.server.tokenizer import CheckpointTokenizer
+from helios.waiting import DEFAULT_MAX_WAITING, RETRY_AFTER_S, WaitingLine
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class EngineConfig:
     device: str = "cpu"
     frame_slots: int = 2  # 1 never queues a frame behind a running one (to measure what overlap buys)
     speculative_width: int | None = None  # adaptive: widest W to load; fixed: the one W (None: the widest)
+    max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which submit refuses (503)
+    queue_timeout_s: float | None = None  # longest wait for a slot before QueueTimeout (None: no limit)
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -246,6 +249,11 @@ class _AbortAll:
 
 
 @dataclass(frozen=True, slots=True)
+class _Tick:
+    """No event came before the oldest waiting request's queue timeout: time to expire it."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Stop:
     pass
 
@@ -293,7 +301,7 @@ class HeliosEngine:
         self.executor = Executor(state, program_for or catalog.program, self._eos, config.device)
         self._events: queue.Queue = queue.Queue()
         self._work: queue.Queue = queue.Queue()
-        self._waiting: collections.deque[Live] = collections.deque()
+        self._waiting: WaitingLine[Live] = WaitingLine(config.max_waiting, config.queue_timeout_s)
         self._by_slot: dict[int, Live] = {}
         self._by_id: dict[str, Live] = {}
         self._fence = 0
@@ -365,6 +373,7 @@ class HeliosEngine:
         if not self._accepting:
             raise EngineUnavailable("the server is shutting down and admits no new requests")
         self._check_fits(request)
+        self._waiting.reserve(self.scheduler.request_slots - len(self._by_slot))  # EngineOverloaded: a 503
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
         s = request.sampling
@@ -415,12 +424,14 @@ class HeliosEngine:
                                for (kind, reason), (n, ns) in sorted(counters.executions.items()))
             return EngineStats(
                 requests_running=sum(1 for live in self._by_slot.values() if not live.done),
-                requests_waiting=len(self._waiting),
+                requests_waiting=self._waiting.waiting(),  # submissions the control thread has not seen yet too
                 kv_pages_used=self.pages.used,
                 kv_pages_free=self.pages.free,
                 executions=executions,
                 speculative=tuple(counters.speculative[s] for s in sorted(counters.speculative)),
                 accepting=self._accepting,
+                shed_waiting_full=self._waiting.refused,
+                shed_queue_timeout=self._waiting.timed_out,
             )
 
     def frame_counters(self) -> _Counters:
@@ -433,7 +444,7 @@ class HeliosEngine:
 
     def _control_loop(self) -> None:
         while True:
-            batch = [self._events.get()]
+            batch = [self._next_event()]
             while not self._events.empty():
                 batch.append(self._events.get())
             if any(isinstance(event, _Stop) for event in batch):
@@ -447,9 +458,17 @@ class HeliosEngine:
                     self._break_down(exc)
                 self._counters.host_ns += time.perf_counter_ns() - began
 
+    def _next_event(self):
+        """The next event, or a ``_Tick`` once the oldest waiting request has waited ``--queue-timeout``."""
+        try:
+            return self._events.get(timeout=self._waiting.until_expiry(time.monotonic()))
+        except queue.Empty:
+            return _Tick()
+
     def _step(self, batch) -> None:
         for event in batch:
             self._handle(event)
+        self._expire_waiting()
         self._admit_waiting()
         self._fill_frames()
 
@@ -466,7 +485,7 @@ class HeliosEngine:
     def _handle(self, event) -> None:
         if isinstance(event, _Submitted):
             self._by_id[event.live.request.request_id] = event.live
-            self._waiting.append(event.live)
+            self._waiting.append(event.live, time.monotonic())
         elif isinstance(event, _Cancel):
             self._cancel(event.request_id)
         elif isinstance(event, _Finished):
@@ -507,6 +526,14 @@ class HeliosEngine:
             self._by_id.pop(live.request.request_id, None)
             self.pages.release(live.handle.slot)
             self._page_table.sync(self.pages, live.handle.slot)
+
+    def _expire_waiting(self) -> None:
+        """End the requests that waited longer than ``--queue-timeout`` for a slot; they never ran."""
+        for live in self._waiting.expired(time.monotonic()):
+            live.done = True
+            live.deliver(QueueTimeout(f"the request waited {self._waiting.timeout_s:g} s for a free slot "
+                                      f"(flare run --queue-timeout) and never started; retry later", RETRY_AFTER_S))
+            self._by_id.pop(live.request.request_id, None)
 
     def _admit_waiting(self) -> None:
         """FIFO admission while a slot and a page claim are free (waiting, never a crash)."""

@@ -11,9 +11,11 @@ Contract, in the order a request lives:
 
 1. ``submit(request)`` is a plain method: it accepts or refuses at once,
    raising ``RequestRejected`` (the engine cannot serve this request: a 400)
-   or ``EngineUnavailable`` (draining or overloaded: a 503), and otherwise
-   returns an async iterator of ``TextDelta``. Refusing at once is what lets
-   a refused stream still get an HTTP error status instead of a 200.
+   or ``EngineUnavailable`` (draining, or ``EngineOverloaded``: too many
+   requests already wait for a slot; a 503, with ``Retry-After`` when the
+   exception carries ``retry_after_s``), and otherwise returns an async
+   iterator of ``TextDelta``. Refusing at once is what lets a refused stream
+   still get an HTTP error status instead of a 200.
 2. Each delta carries newly published text and the token ids it came from.
    The engine detokenizes incrementally and applies stop strings itself, with
    stop buffering: text that could still turn into a stop string is held back
@@ -21,7 +23,8 @@ Contract, in the order a request lives:
    server passes ``stop`` through untouched.
 3. The last delta has ``finish_reason`` set (it may carry text too); the
    iterator ends after it. A failure inside the engine raises
-   ``GenerationFailed`` from the iterator.
+   ``GenerationFailed`` from the iterator; ``QueueTimeout``, a kind of it,
+   when the request waited for a slot longer than the engine allows.
 4. ``cancel(request_id)`` is how the server reports a client that went away
    (or a stream it stopped reading). It must be cheap, idempotent, safe to
    call after the request finished, and callable from the event loop thread;
@@ -158,6 +161,8 @@ class EngineStats:
     executions: tuple[ExecutionTotals, ...] = ()
     speculative: tuple[SpeculativeTotals, ...] = ()  # one per proposal source that ran a round
     accepting: bool = True  # False while draining: /health answers 503
+    shed_waiting_full: int = 0  # submissions refused because the waiting line was full (EngineOverloaded)
+    shed_queue_timeout: int = 0  # requests ended by QueueTimeout before they got a slot
 
 
 class RequestRejected(Exception):
@@ -169,11 +174,33 @@ class RequestRejected(Exception):
 
 
 class EngineUnavailable(Exception):
-    """The engine is not admitting requests now (draining, shutting down): HTTP 503."""
+    """The engine is not admitting requests now (draining, shutting down): HTTP 503.
+
+    ``retry_after_s``, when set, is how soon a retry may succeed (the ``Retry-After`` header).
+    """
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineOverloaded(EngineUnavailable):
+    """Too many requests already wait for a slot (``flare run --max-waiting``): HTTP 503 with Retry-After."""
 
 
 class GenerationFailed(Exception):
     """Raised from a delta iterator when the engine failed this request (e.g. its frame raised)."""
+
+
+class QueueTimeout(GenerationFailed):
+    """The request waited for a slot longer than the engine allows (``flare run --queue-timeout``).
+
+    It never ran, so a retry later is safe: HTTP 503 with Retry-After when nothing was sent yet.
+    """
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ChatTemplateError(ValueError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Any
 
 import yaml
 
+from ignition.recipes.rules import quote
 from ignition.recipes.schema import CapacityDefaults, ModelDims, Recipe, RecipeError
 
 BUNDLED_DIR = Path(__file__).resolve().parent
+MAX_NODES = 10_000  # a recipe has about a hundred; aliases may not expand a document beyond this
 FROM_CHECKPOINT = "from_checkpoint"  # `dimensions: from_checkpoint` in YAML
 _LOADER_SET = {"source"}  # Recipe fields the loader fills, never the YAML
 
@@ -32,6 +35,7 @@ class _Where:
     field: str = ""
 
     def child(self, name: str) -> "_Where":
+        name = name if len(name) <= 60 else quote(name, 60)  # a field name is user text too
         return _Where(self.file, f"{self.field}.{name}" if self.field else name)
 
     def error(self, problem: str, allowed: str = "") -> RecipeError:
@@ -55,14 +59,66 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RecipeError(f"recipe file {path} does not exist; pass a recipe name or a path to a recipe .yaml file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_RecipeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise RecipeError(f"{path}: not valid YAML{at}; allowed: a YAML mapping of recipe fields") from None
+    except _TooLarge as exc:
+        raise RecipeError(f"{path}: {exc}; allowed: a recipe whose aliases expand to at most {MAX_NODES} "
+                          "values") from None
+    except (RecursionError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{path}: not a readable recipe ({exc.__class__.__name__}); "
+                          "allowed: a YAML mapping of recipe fields") from None
     if not isinstance(data, dict):
         raise _Where(path).error("the document is not a mapping", "a YAML mapping of recipe fields")
     return data
+
+
+class _TooLarge(ValueError):
+    """A document whose aliases expand beyond ``MAX_NODES`` (a "billion laughs")."""
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """Safe YAML whose anchors and aliases may share values, but not multiply them without bound.
+
+    PyYAML builds an alias as a shared reference, so a few lines of nested
+    aliases load instantly; what explodes is every later walk over the value
+    (validation, repr in a message). The composed document is measured with
+    each alias counted in full, before any value is built.
+    """
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            size = _expanded_size(node, {}, set())
+            if size > MAX_NODES:
+                raise _TooLarge(f"its aliases expand to more than {MAX_NODES} values")
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """Nodes in ``node`` with every alias expanded (memoized, so a bomb is measured in linear time)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        raise _TooLarge("an alias refers to a value that contains it")
+    open_nodes.add(key)
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = []
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes, open_nodes)
+        if total > MAX_NODES:
+            break  # no need to count a bomb to the end
+    open_nodes.discard(key)
+    sizes[key] = total
+    return total
 
 
 def _anchor(source, recipe_file: Path):
@@ -124,12 +180,14 @@ def _convert_list(item: type, raw: Any, where: _Where, allowed: str | None) -> t
 
 def _convert_scalar(hint: type, raw: Any, where: _Where, allowed: str | None) -> Any:
     if hint is float and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        if not math.isfinite(raw):
+            raise where.error(f"{raw} is not a finite number", allowed or "a finite number")
         return float(raw)
     if hint is Path and isinstance(raw, str):
         return Path(raw)
     if hint in (int, str, bool) and isinstance(raw, hint) and not (hint is int and isinstance(raw, bool)):
         return raw
-    raise where.error(f"expected {_type_words(hint)}, got {_kind(raw)} {raw!r}", allowed or _type_words(hint))
+    raise where.error(f"expected {_type_words(hint)}, got {_kind(raw)} {quote(raw)}", allowed or _type_words(hint))
 
 
 def _optional_inner(hint: Any) -> Any | None:

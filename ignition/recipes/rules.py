@@ -8,7 +8,9 @@ same words as a recipe field.
 
 from __future__ import annotations
 
+import math
 import re
+import reprlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -16,6 +18,17 @@ Check = Callable[[Any], str | None]
 
 PROMPT_ALIGNMENT = 64  # spec C7: prompt capacities are positive multiples of 64
 _IDENTIFIER = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxlist, _QUOTE.maxdict = 2, 4, 4
+_QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlong = 60, 60, 40
+
+
+def quote(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut for a one-line message: a recipe is user text, and a value may be huge."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def rule(check: Check, allowed: str) -> dict[str, Any]:
@@ -27,7 +40,12 @@ def is_power_of_two(n: int) -> bool:
 
 
 def positive() -> dict[str, Any]:
-    return rule(lambda v: None if v > 0 else f"{v} is not positive", "a positive number")
+    def check(v: float) -> str | None:
+        if not math.isfinite(v):
+            return f"{v} is not finite"
+        return None if v > 0 else f"{v} is not positive"
+
+    return rule(check, "a positive, finite number")
 
 
 def at_least(low: int) -> dict[str, Any]:
@@ -52,7 +70,7 @@ def power_of_two_between(low: int, high: int) -> dict[str, Any]:
 
 def one_of(choices: Iterable[str]) -> dict[str, Any]:
     choices = tuple(choices)
-    return rule(lambda v: None if v in choices else f"{v!r} is not supported", "one of " + ", ".join(choices))
+    return rule(lambda v: None if v in choices else f"{quote(v)} is not supported", "one of " + ", ".join(choices))
 
 
 def subset_of(choices: Iterable[str]) -> dict[str, Any]:
@@ -61,7 +79,7 @@ def subset_of(choices: Iterable[str]) -> dict[str, Any]:
     def check(values: tuple[str, ...]) -> str | None:
         unknown = [v for v in values if v not in choices]
         if unknown:
-            return f"unknown {', '.join(map(repr, unknown))}"
+            return f"unknown {', '.join(map(quote, unknown[:3]))}"
         return _duplicates(values)
 
     return rule(check, "a list drawn from " + ", ".join(choices))
@@ -69,7 +87,7 @@ def subset_of(choices: Iterable[str]) -> dict[str, Any]:
 
 def identifier() -> dict[str, Any]:
     return rule(
-        lambda v: None if _IDENTIFIER.match(v) else f"{v!r} is not a plain name",
+        lambda v: None if _IDENTIFIER.match(v) else f"{quote(v)} is not a plain name",
         "lower-case letters, digits, '.', '_' and '-'",
     )
 
@@ -77,7 +95,7 @@ def identifier() -> dict[str, Any]:
 def identifiers() -> dict[str, Any]:
     def check(values: tuple[str, ...]) -> str | None:
         bad = [v for v in values if not _IDENTIFIER.match(v)]
-        return f"{bad[0]!r} is not a plain name" if bad else _duplicates(values)
+        return f"{quote(bad[0])} is not a plain name" if bad else _duplicates(values)
 
     return rule(check, "a list of names made of lower-case letters, digits, '.', '_' and '-'")
 
@@ -118,7 +136,7 @@ def _duplicates(values: tuple[str, ...]) -> str | None:
     seen: set[str] = set()
     for v in values:
         if v in seen:
-            return f"{v!r} is listed twice"
+            return f"{quote(v)} is listed twice"
         seen.add(v)
     return None
 
