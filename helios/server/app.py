@@ -4,7 +4,10 @@ Per generation request: read the body within the size bound, validate it
 (``protocol``), submit to the engine, then either stream SSE events
 (``streaming``) or collect the text while watching for a disconnect
 (``generation``). Every refusal is an ``ApiError`` rendered in OpenAI's error
-shape; unexpected failures become a 500 in the same shape.
+shape. An exception while decoding, validating or preparing a body is the
+body's fault: a 400. Any other unexpected failure is a 500 in the same shape,
+logged with its traceback and counted in ``flare_requests_total`` (outcome
+``error``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from helios.engine_api import Engine, EngineUnavailable, GenerationFailed, RequestRejected
 from helios.server.auth import BearerAuth
-from helios.server.errors import ApiError, bad_request, internal, too_large, unavailable
+from helios.server.errors import ApiError, bad_request, cut, internal, model_not_found, too_large, unavailable
 from helios.server.generation import ClientGone, Generation, collect_text
 from helios.server.metrics import DeliveryClock, ServerMetrics
 from helios.server.protocol import (
@@ -118,7 +121,7 @@ class _Routes:
 
     async def model(self, model_id: str) -> JSONResponse:
         if model_id != self.engine.model_name:
-            raise ApiError(404, f"The model '{model_id}' does not exist; this server serves '{self.engine.model_name}'.", "model", "model_not_found")
+            raise model_not_found(model_id, self.engine.model_name)
         return JSONResponse(self._model_card())
 
     async def health(self) -> JSONResponse:
@@ -143,12 +146,20 @@ class _Routes:
         try:
             generation, prepared = await self._admit(request, endpoint, clock)
         except ApiError as error:
-            self.server_metrics.finished(endpoint.label, "rejected" if error.status < 500 else "unavailable")
+            self.server_metrics.finished(endpoint.label, _refusal_outcome(error.status))
             raise
+        except Exception as exc:
+            self.server_metrics.finished(endpoint.label, "error")
+            return _server_fault(exc)
         header = ResponseHeader(prepared.generation.request_id, int(time.time()), self.engine.model_name)
         if prepared.stream:
             return EventStreamResponse(stream_events(generation, endpoint.shape, header, prepared.include_usage), generation.abandon)
-        return await self._respond_whole(request, generation, endpoint.shape, header)
+        try:
+            return await self._respond_whole(request, generation, endpoint.shape, header)
+        except ApiError:
+            raise
+        except Exception as exc:  # the generation counted it as an error when its relay ended
+            return _server_fault(exc)
 
     async def _admit(self, request: Request, endpoint: Endpoint, clock: DeliveryClock) -> tuple[Generation, PreparedRequest]:
         raw = await _read_body(request, self.config.max_body_bytes)
@@ -156,9 +167,9 @@ class _Routes:
         limits = ModelLimits(self.engine.model_name, self.engine.context_length, self.engine.tokenizer)
         request_id = f"{endpoint.id_prefix}-{uuid.uuid4().hex}"
         if len(raw) <= INLINE_PREPARE_BYTES:
-            prepared = endpoint.prepare(body, limits, request_id)
+            prepared = _prepare(endpoint, body, limits, request_id)
         else:  # tokenizing a long prompt takes milliseconds: keep it off the event loop
-            prepared = await asyncio.to_thread(endpoint.prepare, body, limits, request_id)
+            prepared = await asyncio.to_thread(_prepare, endpoint, body, limits, request_id)
         generation = Generation(self.engine, prepared.generation, self.server_metrics, endpoint.label, clock)
         try:
             generation.submit()
@@ -177,6 +188,29 @@ class _Routes:
             raise internal(f"Generation failed: {exc}") from None
         assert generation.finish_reason is not None, "collect_text returns only finished generations"
         return JSONResponse(shape.full(header, text, generation.finish_reason.value, generation.usage))
+
+
+def _prepare(endpoint: Endpoint, body, limits: ModelLimits, request_id: str) -> PreparedRequest:
+    """``endpoint.prepare``, where anything but a refusal (a tokenizer or template that chokes on the
+    input) is still a 400 about the body, logged with its traceback in case it is a bug of ours."""
+    try:
+        return endpoint.prepare(body, limits, request_id)
+    except ApiError:
+        raise
+    except Exception as exc:
+        log.warning("request %s: preparing the body raised; answering 400", request_id, exc_info=True)
+        raise bad_request(f"The request could not be prepared: the prompt or messages made the tokenizer or chat "
+                          f"template fail ({type(exc).__name__}: {cut(str(exc))}).", code="invalid_value") from None
+
+
+def _server_fault(exc: Exception) -> Response:
+    """A 500 answered here rather than by the catch-all handler, which would also close the connection."""
+    log.error("unhandled error while serving a request", exc_info=exc)
+    return internal(f"Internal server error: {type(exc).__name__}").response()
+
+
+def _refusal_outcome(status: int) -> str:
+    return "rejected" if status < 500 else "unavailable" if status == 503 else "error"
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -199,7 +233,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         # Unknown paths and wrong methods answer in the same error shape as everything else.
-        return ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}").response()
+        return ApiError(exc.status_code, f"{exc.detail}: {request.method} {cut(request.url.path)}").response()
 
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error while serving a request")

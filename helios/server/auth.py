@@ -2,7 +2,8 @@
 
 The key is a parameter of the app factory; the command line resolves it from
 ``--api-key`` or ``FLARE_API_KEY``. A pure ASGI middleware, so it also guards
-unknown paths and never buffers a streamed response.
+unknown paths and never buffers a streamed response. The scheme is matched
+case-insensitively (``bearer`` is ``Bearer``), the key exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class BearerAuth:
         if not api_key:
             raise ValueError("an API key must be a non-empty string (pass None for no authentication)")
         self._app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -36,7 +37,10 @@ class BearerAuth:
     def _refusal(self, header: bytes | None):
         if header is None:
             return unauthorized("Missing API key: send the header 'Authorization: Bearer <key>'.")
+        scheme, _, key = header.strip().partition(b" ")
+        if scheme.lower() != b"bearer":  # auth schemes are case-insensitive (RFC 9110, section 11.1)
+            return unauthorized("The Authorization header must use the Bearer scheme: 'Authorization: Bearer <key>'.")
         # Constant-time comparison: response timing must not reveal how much of a guess was right.
-        if not hmac.compare_digest(header.strip(), self._expected):
+        if not hmac.compare_digest(key.lstrip(b" "), self._key):
             return unauthorized("Incorrect API key provided in the Authorization header.")
         return None

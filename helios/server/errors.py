@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from starlette.responses import JSONResponse
 
 INVALID_REQUEST = "invalid_request_error"
+SHOWN_CHARS = 80  # the most of a client's value an error message quotes
 
 
 @dataclass(eq=False)  # not frozen: the interpreter sets __traceback__ and friends on raise
@@ -40,9 +41,14 @@ def unauthorized(message: str) -> ApiError:
     return ApiError(401, message, None, "invalid_api_key")
 
 
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters for an error message: a client's value may be megabytes long."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def model_not_found(model: str, served: str) -> ApiError:
     # OpenAI answers an unknown model with 404 model_not_found; clients map that to NotFoundError.
-    return ApiError(404, f"The model '{model}' does not exist; this server serves '{served}'.", "model", "model_not_found")
+    return ApiError(404, f"The model '{cut(model)}' does not exist; this server serves '{served}'.", "model", "model_not_found")
 
 
 def too_large(limit: int) -> ApiError:

@@ -54,7 +54,7 @@ class Generation:
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason.value
                     break
-        except GenerationFailed:
+        except Exception:  # GenerationFailed, or a fault of ours: either way the request ended in error
             outcome = "error"
             raise
         finally:

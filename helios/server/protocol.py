@@ -8,29 +8,53 @@ context length, and the defaults that depend on them.
 
 Choices made where OpenAI leaves room (docs/http-api.md lists them):
 ``top_k`` absent, null or -1 means no cut (-1 is vLLM's spelling), 0 and
-values below -1 are refused; ``max_tokens`` defaults to 16 for completions
+values below -1 are refused, values above the vocabulary are clamped to it;
+``seed`` is any 64-bit integer, signed or unsigned, and reaches the engine as
+the int64 with the same 64 bits (the program input is int64; the sampler
+reads the bits); ``max_tokens`` defaults to 16 for completions
 (OpenAI's default) and to the rest of the context for chat; ``n`` must be 1;
 fields that would change the output in ways the engine cannot honour
 (logprobs, echo, suffix, penalties, logit_bias, tools) are refused rather
 than silently ignored.
+
+Nothing a client sends may make the server fail: every exception while
+decoding or validating a body is a 400 (JSON nested beyond what the parser
+recurses through, text with a lone UTF-16 surrogate, which no tokenizer can
+encode, included).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from helios.engine_api import ChatTemplateError, EngineTokenizer, GenerationRequest, SamplingParams
-from helios.server.errors import ApiError, bad_request, model_not_found
+from helios.server.errors import ApiError, bad_request, cut, model_not_found
+
+log = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-SEED_RANGE = (-(2**63), 2**64 - 1)
+SEED_RANGE = (-(2**63), 2**64 - 1)  # int64 or uint64; see _int64_seed
 MAX_ENDPOINTS = 8  # message boundaries reported per chat request (the latest ones)
+
+
+def _unicode_text(value: str) -> str:
+    """``value`` if it is Unicode text; JSON's ``\\ud800`` escapes can give lone surrogates, which are not."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a lone UTF-16 surrogate (U+{ord(value[exc.start]):04X} at character {exc.start}), "
+                         "which is not a character; escape characters beyond U+FFFF as a surrogate pair") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode_text)]
 
 
 class _Body(BaseModel):
@@ -44,7 +68,7 @@ class StreamOptions(_Body):
 class _GenerationBody(_Body):
     """Fields both endpoints share."""
 
-    model: str
+    model: Text
     max_tokens: int | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -68,7 +92,7 @@ class _GenerationBody(_Body):
             raise ValueError("must be a string or a list of strings")
         if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, each non-empty")
-        return tuple(stops)
+        return tuple(_unicode_text(s) for s in stops)
 
     @field_validator("top_k")
     @classmethod
@@ -94,7 +118,7 @@ class CompletionBody(_GenerationBody):
         if isinstance(value, str):
             if not value:
                 raise ValueError("must not be empty")
-            return value
+            return _unicode_text(value)
         if isinstance(value, list) and value and all(type(t) is int for t in value):
             return tuple(value)
         if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
@@ -105,15 +129,15 @@ class CompletionBody(_GenerationBody):
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Any = None
-    name: str | None = None
+    name: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
     def _content(cls, value: Any) -> str:
         if value is None or isinstance(value, str):
-            return value or ""
+            return _unicode_text(value or "")
         if isinstance(value, list):
-            return "".join(_text_part(part) for part in value)
+            return _unicode_text("".join(_text_part(part) for part in value))
         raise ValueError("must be a string or a list of text parts")
 
 
@@ -143,17 +167,23 @@ BodyT = TypeVar("BodyT", bound=_Body)
 
 
 def parse_body(raw: bytes, model: type[BodyT]) -> BodyT:
-    """JSON bytes -> a validated body, or a 400 naming the first thing wrong."""
+    """JSON bytes -> a validated body, or a 400 naming the first thing wrong (never any other exception)."""
     try:
         data = json.loads(raw, parse_constant=_refuse_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("The request body is not valid JSON: it nests arrays or objects too deeply.",
+                          code="invalid_json") from None
+    except Exception as exc:  # ValueError, UnicodeDecodeError, and whatever else the parser may raise
+        raise bad_request(f"The request body is not valid JSON: {cut(str(exc), 200)}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request(f"The request body must be a JSON object, got {type(data).__name__}.", code="invalid_json")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc) from None
+    except Exception as exc:  # a validator that raised something other than ValueError: still the body's fault
+        log.warning("validating a request body raised %s; answering 400", type(exc).__name__, exc_info=True)
+        raise bad_request(f"The request body could not be validated ({type(exc).__name__}).", code="invalid_value") from None
 
 
 def _refuse_constant(name: str) -> float:
@@ -170,8 +200,12 @@ def _validation_error(exc: ValidationError) -> ApiError:
 
 
 def _shown(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, BaseModel) else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    """A client's value, quoted in an error message: JSON, ASCII-only (lone surrogates escaped), cut short."""
+    try:
+        text = json.dumps(value) if not isinstance(value, BaseModel) else repr(value)
+    except (RecursionError, TypeError, ValueError):
+        text = f"a {type(value).__name__} nested too deeply to show"
+    return cut(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +239,7 @@ def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: st
         ids = _checked_token_ids(prompt, limits.tokenizer.vocab_size)
     _check_prompt_fits(len(ids), "prompt", limits)
     max_tokens = _max_tokens(body.max_tokens, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, len(ids), limits.context_length)
-    return _prepared(body, request_id, ids, max_tokens, ())
+    return _prepared(body, limits, request_id, ids, max_tokens, ())
 
 
 def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
@@ -219,7 +253,7 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
     if asked is None:
         param, asked = ("max_tokens", body.max_tokens)
     max_tokens = _max_tokens(asked, param, limits.context_length - len(ids), len(ids), limits.context_length)
-    return _prepared(body, request_id, ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer))
+    return _prepared(body, limits, request_id, ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer))
 
 
 def _check_common(body: _GenerationBody, limits: ModelLimits) -> None:
@@ -292,13 +326,23 @@ def _max_tokens(asked: int | None, param: str, default: int, prompt_tokens: int,
     return asked
 
 
-def _prepared(body: _GenerationBody, request_id: str, ids: tuple[int, ...], max_tokens: int, endpoints: tuple[int, ...]) -> PreparedRequest:
+def _prepared(body: _GenerationBody, limits: ModelLimits, request_id: str, ids: tuple[int, ...], max_tokens: int,
+              endpoints: tuple[int, ...]) -> PreparedRequest:
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
+        top_k=None if body.top_k is None else min(body.top_k, limits.tokenizer.vocab_size),  # a wider cut cuts nothing
+        seed=None if body.seed is None else _int64_seed(body.seed),
     )
     generation = GenerationRequest(request_id, ids, max_tokens, sampling, body.stop, endpoints)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return PreparedRequest(generation, bool(body.stream), include_usage)
+
+
+def _int64_seed(seed: int) -> int:
+    """A seed in ``SEED_RANGE`` as the int64 with the same 64 bits: 2**64 - 1 and -1 are one seed.
+
+    The engine's ``seed`` input is int64 and its sampler reads the seed's bits
+    (helios.executor.int64_seed does the same for the engine's other callers).
+    """
+    return (seed + 2**63) % 2**64 - 2**63
