@@ -18,6 +18,7 @@ from rich.table import Table
 from helios.simulation_files import SimulationFileError, load_catalog, load_trace
 from helios.simulation_trace import write_trace_events
 from helios.simulator import SimulationError, SimulationOptions, SimulationResult, simulate as run_simulation
+from helios.waiting import DEFAULT_MAX_WAITING
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Flare runtime: serve, simulate and benchmark prepared catalogs.")
 stderr = Console(stderr=True)
@@ -46,6 +47,10 @@ def run(
         None, "--speculative-width", help="Load only programs verifying at most W positions per row (a width the catalog has)."),
     dump_estimates: Optional[Path] = typer.Option(
         None, "--dump-estimates", help="On exit, write the learned durations as a synthetic catalog for flare simulate."),
+    max_waiting: int = typer.Option(
+        DEFAULT_MAX_WAITING, "--max-waiting", help=f"Requests that may wait for a slot (default {DEFAULT_MAX_WAITING}); beyond them new requests get 503 with Retry-After."),
+    queue_timeout: Optional[float] = typer.Option(
+        None, "--queue-timeout", help="Seconds a request may wait for a slot before it gets 503 (default: no limit)."),
 ) -> None:
     """Serve a catalog over an OpenAI-compatible HTTP API (docs/cli.md, docs/runtime.md)."""
     import logging
@@ -56,7 +61,8 @@ def run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         options = RunOptions(catalog, host, port, policy, terminal_value, terminal_age_price, alpha, speculation,
-                             api_key, threads, speculative_width, dump_estimates)
+                             api_key, threads, speculative_width, dump_estimates,
+                             max_waiting=max_waiting, queue_timeout=queue_timeout)
         serve_catalog(options)
     except (LaunchError, CatalogError) as exc:
         stderr.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)

@@ -27,6 +27,7 @@ from helios.catalog import Catalog, load
 from helios.engine import SPECULATION_MODES, EngineConfig, HeliosEngine, select_programs
 from helios.estimates import estimates_document, write_estimates
 from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
+from helios.waiting import DEFAULT_MAX_WAITING
 
 log = logging.getLogger("flare.run")
 
@@ -53,6 +54,8 @@ class RunOptions:
     threads: int | None = None
     speculative_width: int | None = None  # None: every width the catalog has
     dump_estimates: Path | None = None
+    max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which new ones get 503
+    queue_timeout: float | None = None  # seconds a request may wait for a slot (None: no limit)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_PRESETS:
@@ -72,6 +75,10 @@ class RunOptions:
         if self.speculative_width is not None and self.speculative_width < 1:
             raise LaunchError(f"--speculative-width must be >= 1 (positions per row, pending token included), "
                               f"got {self.speculative_width}")
+        if self.max_waiting < 1:
+            raise LaunchError(f"--max-waiting must be >= 1 (requests waiting for a slot), got {self.max_waiting}")
+        if self.queue_timeout is not None and not (math.isfinite(self.queue_timeout) and self.queue_timeout > 0):
+            raise LaunchError(f"--queue-timeout must be a finite number of seconds > 0, got {self.queue_timeout}")
         if self.dump_estimates is not None and not self.dump_estimates.parent.is_dir():
             raise LaunchError(f"--dump-estimates {self.dump_estimates}: folder {self.dump_estimates.parent} "
                               "does not exist")
@@ -85,7 +92,8 @@ class RunOptions:
         """Threads default to every core: the device worker's program calls are the hot path."""
         threads = self.threads or os.cpu_count() or 1
         return EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]),
-                            speculative_width=self.speculative_width)
+                            speculative_width=self.speculative_width, max_waiting=self.max_waiting,
+                            queue_timeout_s=self.queue_timeout)
 
     def check_selection(self, catalog: Catalog) -> None:
         """``--speculation``/``--speculative-width`` must name programs the catalog has (spec C6, Y3)."""

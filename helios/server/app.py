@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from helios.engine_api import Engine, EngineUnavailable, GenerationFailed, RequestRejected
 from helios.server.auth import BearerAuth
-from helios.server.errors import ApiError, bad_request, cut, internal, model_not_found, too_large, unavailable
+from helios.server.errors import ApiError, bad_request, cut, generation_failed, internal, model_not_found, too_large, unavailable
 from helios.server.generation import ClientGone, Generation, collect_text
 from helios.server.metrics import DeliveryClock, ServerMetrics
 from helios.server.protocol import (
@@ -176,7 +176,7 @@ class _Routes:
         except RequestRejected as exc:
             raise bad_request(str(exc), exc.param, "rejected_by_engine") from None
         except EngineUnavailable as exc:
-            raise unavailable(f"The server is not accepting requests: {exc}") from None
+            raise unavailable(f"The server is not accepting requests: {exc}", exc.retry_after_s) from None
         return generation, prepared
 
     async def _respond_whole(self, request: Request, generation: Generation, shape: ResponseShape, header: ResponseHeader) -> Response:
@@ -185,7 +185,7 @@ class _Routes:
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         except GenerationFailed as exc:
-            raise internal(f"Generation failed: {exc}") from None
+            raise generation_failed(exc) from None
         assert generation.finish_reason is not None, "collect_text returns only finished generations"
         return JSONResponse(shape.full(header, text, generation.finish_reason.value, generation.usage))
 

@@ -2,7 +2,9 @@
 
 Every refusal the server makes is an ``ApiError``; the app turns it into this
 JSON. Bad input is always a 4xx whose message names the field, what was given
-and what would be accepted.
+and what would be accepted. A 503 that a later retry may get past (the
+waiting line was full, or the request waited too long for a slot) carries
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
+
+from helios.engine_api import GenerationFailed, QueueTimeout
 
 INVALID_REQUEST = "invalid_request_error"
 SHOWN_CHARS = 80  # the most of a client's value an error message quotes
@@ -24,13 +28,16 @@ class ApiError(Exception):
     param: str | None = None
     code: str | None = None
     type: str = INVALID_REQUEST
+    retry_after_s: int | None = None  # the Retry-After header, when a retry later may succeed
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(self.retry_after_s)
+        return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -55,8 +62,15 @@ def too_large(limit: int) -> ApiError:
     return ApiError(413, f"Request body exceeds the limit of {limit} bytes.", None, "request_too_large")
 
 
-def unavailable(message: str) -> ApiError:
-    return ApiError(503, message, None, "unavailable", "service_unavailable")
+def unavailable(message: str, retry_after_s: int | None = None, code: str = "unavailable") -> ApiError:
+    return ApiError(503, message, None, code, "service_unavailable", retry_after_s)
+
+
+def generation_failed(exc: GenerationFailed) -> ApiError:
+    """The error for a request the engine ended with a failure; one that never got a slot may be retried."""
+    if isinstance(exc, QueueTimeout):
+        return unavailable(f"The server is overloaded: {exc}", exc.retry_after_s, "queue_timeout")
+    return internal(f"Generation failed: {exc}")
 
 
 def internal(message: str) -> ApiError:

@@ -38,12 +38,22 @@ class EngineCollector(Collector):
         yield _gauge("flare_requests_waiting", "Requests submitted and not yet admitted.", stats.requests_waiting)
         yield _gauge("flare_kv_pages_used", "KV cache pages held by requests.", stats.kv_pages_used)
         yield _gauge("flare_kv_pages_free", "KV cache pages free.", stats.kv_pages_free)
+        yield _shed_family(stats)
         yield from _execution_families(stats)
         yield from _speculative_families(stats)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _shed_family(stats: EngineStats) -> Metric:
+    shed = CounterMetricFamily("flare_requests_shed_total", "Requests turned away under load before they got a slot "
+                               "(503): the waiting line was full (--max-waiting) or they waited too long (--queue-timeout).",
+                               labels=["reason"])
+    shed.add_metric(["waiting_full"], stats.shed_waiting_full)
+    shed.add_metric(["queue_timeout"], stats.shed_queue_timeout)
+    return shed
 
 
 def _execution_families(stats: EngineStats) -> Iterable[Metric]:

@@ -22,7 +22,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from helios.engine_api import GenerationFailed
-from helios.server.errors import internal
+from helios.server.errors import generation_failed
 from helios.server.generation import Generation
 from helios.server.responses import ResponseHeader, ResponseShape
 
@@ -75,7 +75,7 @@ async def stream_events(generation: Generation, shape: ResponseShape, header: Re
             if delta.text or reason:
                 yield framed(shape.chunk(header, delta.text, reason))
     except GenerationFailed as exc:
-        yield event(internal(f"Generation failed: {exc}").body())
+        yield event(generation_failed(exc).body())
     else:
         if include_usage:
             yield event(shape.usage_chunk(header, generation.usage))
