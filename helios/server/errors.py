@@ -62,6 +62,10 @@ def too_large(limit: int) -> ApiError:
     return ApiError(413, f"Request body exceeds the limit of {limit} bytes.", None, "request_too_large")
 
 
+def request_timeout(message: str) -> ApiError:
+    return ApiError(408, message, None, "request_timeout")
+
+
 def unavailable(message: str, retry_after_s: int | None = None, code: str = "unavailable") -> ApiError:
     return ApiError(503, message, None, code, "service_unavailable", retry_after_s)
 

@@ -1,7 +1,9 @@
-"""Back-pressure at the HTTP layer (issue 17, part 4), over a fake engine.
+"""Back-pressure and slow clients at the HTTP layer (issue 17, parts 4 and 5), over fake engines.
 
-A full waiting line (``EngineOverloaded``) and a queue timeout (``QueueTimeout``)
-are 503s in OpenAI's error shape with ``Retry-After``, counted in /metrics.
+- a full waiting line (``EngineOverloaded``) and a queue timeout (``QueueTimeout``)
+  are 503s in OpenAI's error shape with ``Retry-After``, counted in /metrics;
+- a client that sends nothing, half a head, or less body than it declared
+  loses its connection (or gets 408) instead of holding it forever.
 
 The engine-side limits themselves (the line's bound, the timeout) are tested
 on the real engine in tests/helios/test_admission_limits.py.
@@ -24,10 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from fake_engine import FakeEngine
 from helios.engine_api import EngineOverloaded, EngineStats, GenerationRequest, QueueTimeout, TextDelta
 from helios.server.app import ServerConfig
-from helios.server.serve import DrainingServer, uvicorn_server
+from helios.server.serve import DrainingServer, HttpLimits, uvicorn_server
 
 CONTEXT = 128
-SAFETY_S = 10.0
+SAFETY_S = 10.0  # how long a test socket waits before the test fails; the server's limits are far shorter
+QUICK = HttpLimits(head_timeout_s=0.2, body_timeout_s=0.2, keep_alive_s=5.0, max_head_bytes=4096)
 
 
 class LoadedEngine(FakeEngine):
@@ -64,7 +67,7 @@ def served() -> Iterator[Running]:
     engine = LoadedEngine()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn_server(engine, ServerConfig(), log_level="warning", grace_s=0.2)
+    server = uvicorn_server(engine, ServerConfig(), log_level="warning", grace_s=0.2, limits=QUICK)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -129,3 +132,69 @@ def test_shed_requests_are_counted_in_metrics(served):
     finally:
         served.engine.base_stats = EngineStats()
     assert shed == {(("reason", "waiting_full"),): 7.0, (("reason", "queue_timeout"),): 2.0}
+
+
+# ---------------------------------------------------------------- slow clients
+
+
+def _connect(served: Running) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", served.port))
+    sock.settimeout(SAFETY_S)
+    return sock
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a test failure if it never does)."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except TimeoutError:
+        pytest.fail(f"the server kept the connection open for {SAFETY_S} s; it sent {received[:200]!r}")
+    finally:
+        sock.close()
+    return received
+
+
+def test_a_connection_that_sends_nothing_is_closed(served):
+    assert _read_until_closed(_connect(served)) == b""
+
+
+def test_a_connection_that_never_finishes_its_request_head_is_closed(served):
+    sock = _connect(served)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    assert _read_until_closed(sock) == b""
+
+
+def test_a_body_shorter_than_its_content_length_gets_408_and_the_connection_closes(served):
+    sock = _connect(served)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n{\"model\":")
+    head, _, body = _read_until_closed(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout" and "did not arrive within 0.2 s" in error["message"]
+
+
+def test_a_kept_alive_connection_must_finish_its_next_head_too(served):
+    sock = _connect(served)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    first = b""
+    while b"\"ok\"" not in first:
+        first += sock.recv(4096)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHo")  # and then nothing: each byte used to restart keep-alive
+    assert _read_until_closed(sock) == b""
+
+
+def test_a_request_head_growing_past_the_limit_gets_400(served):
+    sock = _connect(served)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 8192)  # no end of head yet
+    assert _read_until_closed(sock).startswith(b"HTTP/1.1 400")
+
+
+def test_http_limits_refuse_nonsense():
+    with pytest.raises(ValueError, match="body_timeout_s must be > 0"):
+        HttpLimits(body_timeout_s=0)
+    with pytest.raises(ValueError, match="max_head_bytes must be >= 1024"):
+        HttpLimits(max_head_bytes=10)
