@@ -13,14 +13,20 @@ before any program is loaded because the programs call those custom ops.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import re
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from importlib import metadata
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
 import yaml
 
+from helios.program_archive import archive_problem
 from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 __all__ = [
@@ -37,6 +43,7 @@ __all__ = [
     "StateSpec",
     "WeightSet",
     "file_sha256",
+    "flare_release",
     "load",
     "torch_release",
 ]
@@ -76,7 +83,10 @@ class _OneLine(dict):
 
 
 class _ManifestDumper(yaml.SafeDumper):
-    pass
+    """Writes every value in full: a manifest has no anchors or aliases, so a reader can refuse them."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 _ManifestDumper.add_representer(
@@ -116,7 +126,7 @@ class ArgSpec:
     def from_dict(cls, raw: Mapping[str, Any]) -> ArgSpec:
         return cls(
             name=str(raw["name"]),
-            shape=tuple(int(n) for n in raw.get("shape", ())),
+            shape=tuple(raw.get("shape", ())),  # judged by the loader: integers only
             dtype=str(raw.get("dtype", "")),
             mutated=bool(raw.get("mutated", False)),
             weights=raw.get("weights"),
@@ -347,12 +357,20 @@ class CatalogProgram:
 
 
 class Catalog:
-    """A validated catalog folder. Programs and weights load lazily, once."""
+    """A validated catalog folder. Programs and weights load lazily, once.
 
-    def __init__(self, path: Path, manifest: Manifest):
+    ``trusted`` (``--trust-catalog``): programs load as torch finds them,
+    AOTInductor packages included. Otherwise every program archive is
+    inspected before torch reads it, and compiled packages are refused
+    (docs/catalog-format.md, "Trust").
+    """
+
+    def __init__(self, path: Path, manifest: Manifest, trusted: bool = False):
         self.path = path
         self.manifest = manifest
+        self.trusted = trusted
         self._entries = {p.id: p for p in manifest.programs}
+        self._inspected: set[str] = set()
         self._programs: dict[str, CatalogProgram] = {}
         self._weights: dict[str, dict[str, torch.Tensor]] | None = None
         self._program_weights: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
@@ -412,8 +430,27 @@ class Catalog:
         """The portable ``torch.export`` module (not cached; for checks and fallbacks)."""
         return self._materialize(program_id, compiled=False)
 
+    def check_programs(self) -> None:
+        """Inspect every program archive now (``flare run`` does, before warm-up), unless trusted."""
+        for entry in self.manifest.programs:
+            self._check_program(entry, compiled=True)
+
+    def _check_program(self, entry: ProgramEntry, compiled: bool) -> None:
+        if self.trusted:
+            return
+        if compiled and entry.compiled_file:
+            raise CatalogError(f"{self.path}: program {entry.id} is an AOTInductor package (compile: aoti), "
+                               "native code that runs when loaded; pass --trust-catalog if you trust this catalog")
+        if entry.id not in self._inspected:
+            problem = archive_problem(self.path / entry.file)
+            if problem:
+                raise CatalogError(f"{self.path / entry.file}: program {entry.id} {problem}; refused: it could run "
+                                   "code when loaded (pass --trust-catalog only if you trust its source)")
+            self._inspected.add(entry.id)
+
     def _materialize(self, program_id: str, compiled: bool) -> CatalogProgram:
         entry = self.entry(program_id)
+        self._check_program(entry, compiled)
         state = frozenset(t.name for t in self.manifest.state.tensors)
         return CatalogProgram(entry, _load_module(self.path, entry, compiled), self.program_weights, state)
 
@@ -421,7 +458,10 @@ class Catalog:
 def _read_weight_set(root: Path, weight_set: WeightSet) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    tensors = load_file(root / weight_set.file)
+    try:
+        tensors = load_file(root / weight_set.file)
+    except Exception as exc:  # safetensors raises its own error type for a damaged file
+        raise CatalogError(f"{root / weight_set.file}: cannot read weights ({_cut(str(exc))})") from None
     missing = [k for k in weight_set.keys if k not in tensors]
     if missing:
         raise CatalogError(f"{root / weight_set.file}: lacks weights {missing[:5]} recorded in the manifest")
@@ -438,58 +478,290 @@ def _load_module(root: Path, entry: ProgramEntry, compiled: bool) -> Any:
             return torch._inductor.aoti_load_package(str(path))
         return torch.export.load(path).module()
     except Exception as exc:  # a corrupt archive surfaces as many exception types
-        raise CatalogError(f"{path}: cannot load program {entry.id}: {exc}") from exc
+        raise CatalogError(f"{path}: cannot load program {entry.id}: {_cut(str(exc), 300)}") from exc
 
 
-def load(path: str | Path, *, verify_hashes: bool = True) -> Catalog:
+def load(path: str | Path, *, verify_hashes: bool = True, trust: bool = False) -> Catalog:
     """Open and validate the catalog at ``path``.
 
-    Checks the format version, the torch release, that every listed file is
-    present, and (unless ``verify_hashes`` is False, for multi-gigabyte
-    weights already verified once) the sha256 of every program, weight and
-    tokenizer file. Raises ``CatalogError`` naming the problem and what was
-    expected.
+    Checks the manifest (safe YAML without aliases, every section's types, the
+    state layout), the format version, the Flare and torch releases, that
+    every path the manifest names lies inside the folder (before any file is
+    read), that every listed file is present, and (unless ``verify_hashes`` is
+    False, for multi-gigabyte weights already verified once) the sha256 of
+    every program, weight and tokenizer file, and that each weight file holds
+    the tensors recorded for it. Raises ``CatalogError`` naming the problem and
+    what was expected. ``trust`` is ``--trust-catalog`` (see ``Catalog``).
     """
     root = Path(path)
     manifest = _read_manifest(root)
     _check_versions(root, manifest)
-    for relative, expected in _hashed_files(manifest):
+    files = _hashed_files(root, manifest)
+    for relative, _ in files:
+        _inside(root, relative)
+    _check_tokenizer_listing(root, manifest)
+    for relative, expected in files:
         _check_file(root, relative, expected if verify_hashes else None)
-    return Catalog(root, manifest)
+    for weight_set in manifest.weights:
+        _check_weight_file(root, weight_set)
+    return Catalog(root, manifest, trusted=trust)
 
 
 def _read_manifest(root: Path) -> Manifest:
     manifest_path = root / MANIFEST_NAME
     if not manifest_path.is_file():
         raise CatalogError(f"{root}: not a catalog (no {MANIFEST_NAME}); capture one with `ignition capture`")
-    try:
-        raw = yaml.safe_load(manifest_path.read_text())
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{manifest_path}: not valid YAML ({exc.__class__.__name__})") from exc
-    if not isinstance(raw, dict) or "format_version" not in raw:
-        raise CatalogError(f"{manifest_path}: no format_version; expected a Flare catalog manifest")
-    if raw["format_version"] != FORMAT_VERSION:
-        raise CatalogError(
-            f"{root}: catalog format version {raw['format_version']} but this Flare reads version "
-            f"{FORMAT_VERSION} (program contract {FORMAT_VERSION}: draft state and in-program proposals); "
-            "recapture it with `ignition capture`"
-        )
+    raw = _parse_manifest(manifest_path)
+    _check_format_version(root, raw["format_version"])
     try:
         manifest = Manifest.from_dict(raw)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CatalogError(f"{manifest_path}: malformed manifest ({exc})") from exc
-    _check_weight_references(manifest_path, manifest)
+        _check_manifest(manifest)
+    except CatalogError as exc:
+        raise CatalogError(f"{manifest_path}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CatalogError(f"{manifest_path}: malformed manifest ({exc.__class__.__name__}: {_cut(str(exc))})") from None
     return manifest
 
 
-def _check_weight_references(manifest_path: Path, manifest: Manifest) -> None:
-    known = {w.name for w in manifest.weights}
+def _parse_manifest(manifest_path: Path) -> dict[str, Any]:
+    try:
+        text = manifest_path.read_text(encoding="utf-8")
+        _check_yaml_shape(manifest_path, text)
+        raw = yaml.load(text, Loader=_YAML_LOADER)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise CatalogError(f"{manifest_path}: not valid YAML{at} ({exc.__class__.__name__})") from None
+    except UnicodeDecodeError:
+        raise CatalogError(f"{manifest_path}: not valid YAML (not UTF-8 text)") from None
+    if not isinstance(raw, dict) or "format_version" not in raw:
+        raise CatalogError(f"{manifest_path}: no format_version; expected a Flare catalog manifest")
+    return raw
+
+
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_MAX_YAML_DEPTH = 32  # a manifest nests five deep (programs, entry, inputs, input, shape)
+
+
+def _check_yaml_shape(manifest_path: Path, text: str) -> None:
+    """No aliases and no deep nesting, judged on the event stream before any value is built.
+
+    A few hundred bytes of nested aliases expand to billions of values in any
+    walk over them, and deep nesting exhausts the composer's stack; Flare
+    writes neither.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=_YAML_LOADER):
+        if isinstance(event, yaml.AliasEvent):
+            raise CatalogError(f"{manifest_path}: a YAML alias at line {event.start_mark.line + 1} "
+                               "(manifests have none)")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > _MAX_YAML_DEPTH:
+                raise CatalogError(f"{manifest_path}: nested more than {_MAX_YAML_DEPTH} deep at line "
+                                   f"{event.start_mark.line + 1} (a manifest nests about five)")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _check_format_version(root: Path, version: Any) -> None:
+    if type(version) is not int:
+        raise CatalogError(f"{root / MANIFEST_NAME}: format_version must be the integer {FORMAT_VERSION}, "
+                           f"got {_cut(repr(version))} ({type(version).__name__})")
+    if version != FORMAT_VERSION:
+        raise CatalogError(
+            f"{root}: catalog format version {version} but this Flare reads version "
+            f"{FORMAT_VERSION} (program contract {FORMAT_VERSION}: draft state and in-program proposals); "
+            "recapture it with `ignition capture`"
+        )
+
+
+def _cut(text: str, limit: int = 120) -> str:
+    """A value quoted in a one-line error, cut to ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------
+# What a manifest must hold beyond its keys
+# ---------------------------------------------------------------------------
+
+_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+_DEVICE_KINDS = ("cpu", "cuda")
+_PAGED_LAYOUT = ("request_slots", "page_size", "num_pages", "max_pages_per_slot")
+
+# The recipe section is ignition's resolved recipe as plain data. helios never imports ignition, so the field
+# names are listed here (tests/helios/test_corrupt_catalogs.py keeps them equal to ignition.recipes.schema).
+_DIMENSION_KEYS = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "max_position_embeddings", "rope_theta", "rms_norm_eps", "tie_word_embeddings"})
+_SOURCE_KEYS = {"checkpoint": None, "dimensions": _DIMENSION_KEYS}
+RECIPE_KEYS: Mapping[str, Any] = {
+    "name": None, "architecture": None, "dtype": None, "aliases": None, "description": None, "tokenizer": None,
+    "kv_page_size": None, "source": None, "target": _SOURCE_KEYS, "draft": _SOURCE_KEYS,
+    "capacity": frozenset({"concurrency", "prompt_buckets", "drafts", "proposal_sources", "mixed_capture",
+                           "request_buckets", "completion_token_capacity", "speculative_token_capacity"}),
+}
+
+
+def _check_manifest(manifest: Manifest) -> None:
+    for section in ("recipe", "model", "tokenizer", "device"):
+        if not isinstance(getattr(manifest, section), Mapping):
+            raise CatalogError(f"{section}: expected a mapping")
+    _check_flare_version(manifest.flare_version)
+    _check_recipe_keys(manifest.recipe, RECIPE_KEYS, "recipe")
+    _check_device(manifest.device)
+    _check_envelope(manifest.envelope)
+    _check_unique("program id", [p.id for p in manifest.programs])
+    _check_unique("weight set", [w.name for w in manifest.weights])
+    _check_state(manifest.state, manifest.envelope)
     for program in manifest.programs:
-        for arg in program.inputs:
-            for name in (arg.weights, *arg.prefixed) if arg.weights is not None else ():
+        _check_program_signature(program, manifest)
+
+
+def flare_release() -> str:
+    """This Flare's version ("0+unknown" when running from a source tree that is not installed)."""
+    try:
+        return metadata.version("flare")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _release_numbers(version: str) -> tuple[int, ...] | None:
+    match = re.fullmatch(r"(\d+(?:\.\d+)*)([.+-]?[0-9A-Za-z][0-9A-Za-z.+-]*)?", version)
+    return tuple(int(n) for n in match[1].split(".")) if match else None
+
+
+def _check_flare_version(version: str) -> None:
+    """A catalog from a newer Flare may rely on what this one cannot do; it is refused, not guessed at."""
+    theirs, ours = _release_numbers(version), _release_numbers(flare_release())
+    if theirs is None:
+        raise CatalogError(f"flare_version {_cut(repr(version))} is not a version (e.g. {flare_release()})")
+    if ours is not None and flare_release() != "0+unknown" and _padded(theirs, ours) > _padded(ours, theirs):
+        raise CatalogError(f"captured by Flare {version}, newer than this Flare {flare_release()}; "
+                           "upgrade Flare, or recapture the catalog with this one")
+
+
+def _padded(numbers: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, ...]:
+    return numbers + (0,) * (len(other) - len(numbers))
+
+
+def _check_recipe_keys(raw: Any, allowed: Any, where: str) -> None:
+    """Every key of the recipe section is a recipe field (nested sections too); values are not judged."""
+    if allowed is None or raw is None or not isinstance(raw, Mapping):
+        return
+    for key, value in raw.items():
+        if key not in allowed:
+            names = ", ".join(sorted(allowed))
+            raise CatalogError(f"{where}: unknown key {_cut(repr(key), 60)}; a recipe section has {names}")
+        if isinstance(allowed, Mapping):
+            _check_recipe_keys(value, allowed[key], f"{where}.{key}")
+
+
+def _check_device(device: Mapping[str, Any]) -> None:
+    if device.get("kind") not in _DEVICE_KINDS:
+        raise CatalogError(f"device.kind {_cut(repr(device.get('kind')))} is not one of {', '.join(_DEVICE_KINDS)}")
+    if device.get("dtype") not in _DTYPES:
+        raise CatalogError(f"device.dtype {_cut(repr(device.get('dtype')))} is not one of {', '.join(_DTYPES)}")
+
+
+def _check_envelope(envelope: Envelope) -> None:
+    for name in ("request_slots", "prefill_chunk", "draft_depth", "speculative_token_capacity"):
+        _require_count(f"envelope.{name}", getattr(envelope, name), 1 if name == "request_slots" else 0)
+    if not isinstance(envelope.mixed, bool):
+        raise CatalogError(f"envelope.mixed must be true or false, got {_cut(repr(envelope.mixed))}")
+
+
+def _require_count(where: str, value: Any, low: int) -> None:
+    if type(value) is not int or value < low:
+        raise CatalogError(f"{where} must be an integer >= {low}, got {_cut(repr(value))}")
+
+
+def _check_unique(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise CatalogError(f"{what} {_cut(repr(name), 60)} is listed twice")
+        seen.add(name)
+
+
+def _check_state(state: StateSpec, envelope: Envelope) -> None:
+    """Shapes and dtypes the runtime can allocate, and a layout that agrees with them.
+
+    A state with a paged KV cache (``k_cache``, program contract v2) needs the
+    whole page layout, and every ``*_cache`` tensor is ``[layers, num_pages,
+    page_size, heads, head_dim]``; ``pending`` and ``seq_lens`` hold one entry
+    per request slot.
+    """
+    layout = state.layout
+    for tensor in state.tensors:
+        _check_tensor_spec(f"state tensor {tensor.name}", tensor, low=1)
+    for key in (*_PAGED_LAYOUT, "context"):
+        if key in layout:
+            _require_count(f"state.layout.{key}", layout[key], 1)
+    if "request_slots" in layout and layout["request_slots"] != envelope.request_slots:
+        raise CatalogError(f"state.layout.request_slots {layout['request_slots']} differs from "
+                           f"envelope.request_slots {envelope.request_slots}")
+    names = {t.name: t for t in state.tensors}
+    if "k_cache" in names:
+        _check_paged_state(layout, names)
+
+
+def _check_paged_state(layout: Mapping[str, Any], tensors: Mapping[str, ArgSpec]) -> None:
+    missing = [key for key in _PAGED_LAYOUT if key not in layout]
+    if missing:
+        raise CatalogError(f"state.layout lacks {', '.join(missing)} (a paged cache needs "
+                           f"{', '.join(_PAGED_LAYOUT)}; it has {', '.join(map(str, layout)) or 'nothing'})")
+    for tensor in tensors.values():
+        if tensor.name.endswith("_cache"):
+            if len(tensor.shape) != 5 or tensor.shape[1:3] != (layout["num_pages"], layout["page_size"]):
+                raise CatalogError(
+                    f"state tensor {tensor.name} has shape {list(tensor.shape)}, but the layout's "
+                    f"{layout['num_pages']} pages of {layout['page_size']} need [layers, {layout['num_pages']}, "
+                    f"{layout['page_size']}, heads, head_dim]")
+    for name in ("pending", "seq_lens"):
+        if name in tensors and tensors[name].shape != (layout["request_slots"],):
+            raise CatalogError(f"state tensor {name} has shape {list(tensors[name].shape)}, but the layout has "
+                               f"{layout['request_slots']} request slots")
+
+
+def _check_tensor_spec(where: str, spec: ArgSpec, low: int) -> None:
+    if spec.dtype not in _DTYPES:
+        raise CatalogError(f"{where}: dtype {_cut(repr(spec.dtype))} is not one of {', '.join(_DTYPES)}")
+    if any(type(n) is not int or n < low for n in spec.shape):
+        raise CatalogError(f"{where}: shape {_cut(str(list(spec.shape)))} needs integers >= {low}")
+
+
+_DESCRIPTOR_INTS = ("batch_capacity", "proposal_depth", "width", "aggregate", "prefill_capacity", "confidence_width")
+_DESCRIPTOR_BOOLS = ("ragged", "speculation_enabled")
+
+
+def _check_program_signature(program: ProgramEntry, manifest: Manifest) -> None:
+    """Descriptor fields of their types; tensor inputs and outputs the runtime can build; state inputs
+    exactly as the state records them."""
+    desc = program.descriptor
+    if not isinstance(desc.id, str) or not desc.id:
+        raise CatalogError(f"program id {_cut(repr(desc.id))} is not a name")
+    for name in _DESCRIPTOR_INTS:
+        _require_count(f"program {desc.id} {name}", getattr(desc, name), 0)
+    for name in _DESCRIPTOR_BOOLS:
+        if not isinstance(getattr(desc, name), bool):
+            raise CatalogError(f"program {desc.id} {name} must be true or false, got {getattr(desc, name)!r}")
+    known = {w.name for w in manifest.weights}
+    state = {t.name: t for t in manifest.state.tensors}
+    for arg in program.inputs:
+        if arg.weights is not None:
+            for name in (arg.weights, *arg.prefixed):
                 if name not in known:
-                    raise CatalogError(f"{manifest_path}: program {program.id} input {arg.name!r} takes weight set "
+                    raise CatalogError(f"program {program.id} input {arg.name!r} takes weight set "
                                        f"{name!r}, but the catalog has only {sorted(known)}")
+            continue
+        _check_tensor_spec(f"program {program.id} input {arg.name}", arg, low=0)
+        if arg.name in state and (arg.shape, arg.dtype) != (state[arg.name].shape, state[arg.name].dtype):
+            raise CatalogError(f"program {program.id} input {arg.name} is {list(arg.shape)} {arg.dtype}, but the "
+                               f"state records {list(state[arg.name].shape)} {state[arg.name].dtype}")
+    for arg in program.outputs:
+        _check_tensor_spec(f"program {program.id} output {arg.name}", arg, low=0)
 
 
 def _check_versions(root: Path, manifest: Manifest) -> None:
@@ -501,12 +773,55 @@ def _check_versions(root: Path, manifest: Manifest) -> None:
         )
 
 
-def _hashed_files(manifest: Manifest) -> list[tuple[str, str]]:
+# ---------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------
+
+
+def _hashed_files(root: Path, manifest: Manifest) -> list[tuple[str, str]]:
     files = [(w.file, w.sha256) for w in manifest.weights]
     files += [(p.file, p.sha256) for p in manifest.programs]
     files += [(p.compiled_file, p.compiled_sha256) for p in manifest.programs if p.compiled_file]
-    files += [(f"tokenizer/{name}", digest) for name, digest in manifest.tokenizer.get("files", {}).items()]
+    listed = manifest.tokenizer.get("files", {})
+    if not isinstance(listed, Mapping):
+        raise CatalogError(f"{root / MANIFEST_NAME}: tokenizer.files must map file names to sha256 digests")
+    for name, digest in listed.items():
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise CatalogError(f"{root / MANIFEST_NAME}: tokenizer file {_cut(repr(name))} is not a plain file name")
+        files.append((f"tokenizer/{name}", str(digest)))
     return files
+
+
+def _inside(root: Path, relative: Any) -> Path:
+    """``root / relative``, refusing absolute paths, ``..``, and symlinks that leave (or loop within) ``root``."""
+    where = root / MANIFEST_NAME
+    if not isinstance(relative, str) or not relative:
+        raise CatalogError(f"{where}: file {_cut(repr(relative))} is not a path")
+    pure = PurePosixPath(relative)
+    if pure.is_absolute() or ".." in pure.parts or "\\" in relative or pure.as_posix() != relative:
+        raise CatalogError(f"{where}: file {_cut(repr(relative))} must be a plain relative path inside the "
+                           "catalog (no leading /, no .., no ./ or //)")
+    target = root / relative
+    try:
+        resolved = target.resolve()
+    except RuntimeError:
+        raise CatalogError(f"{target}: a symlink loop; a catalog's files are plain files inside its folder") from None
+    except OSError as exc:
+        raise CatalogError(f"{target}: cannot be resolved ({exc.strerror})") from None
+    if not resolved.is_relative_to(root.resolve()):
+        raise CatalogError(f"{target}: leads outside the catalog (to {_cut(str(resolved))}); "
+                           "a catalog's files must all lie inside its folder")
+    return target
+
+
+def _check_tokenizer_listing(root: Path, manifest: Manifest) -> None:
+    """The runtime reads tokenizer.json and, when present, tokenizer_config.json: both must be listed (hashed)."""
+    listed = set(manifest.tokenizer.get("files", {}))
+    if "tokenizer.json" not in listed:
+        raise CatalogError(f"{root / MANIFEST_NAME}: tokenizer.files does not list tokenizer.json")
+    config = root / "tokenizer" / "tokenizer_config.json"
+    if "tokenizer_config.json" not in listed and (config.exists() or config.is_symlink()):
+        raise CatalogError(f"{config}: present but not listed in the manifest's tokenizer.files (so not hashed)")
 
 
 def _check_file(root: Path, relative: str, expected: str | None) -> None:
@@ -521,3 +836,32 @@ def _check_file(root: Path, relative: str, expected: str | None) -> None:
             f"{target}: sha256 {actual[:12]}... does not match the manifest's {expected[:12]}... "
             "(truncated or modified); recapture the catalog"
         )
+
+
+def _check_weight_file(root: Path, weight_set: WeightSet) -> None:
+    """The safetensors header must describe a file of this size holding every recorded key.
+
+    A hash only proves the file is the one the manifest names; a rewritten
+    manifest can name a truncated file, which would fail only at warm-up.
+    """
+    path = root / weight_set.file
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        header_size = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
+        if not 0 < header_size <= min(size - 8, 100 << 20):
+            raise CatalogError(f"{path}: not a safetensors file (its header does not fit in {size} bytes)")
+        try:
+            header = json.loads(handle.read(header_size))
+        except (ValueError, UnicodeDecodeError):
+            raise CatalogError(f"{path}: not a safetensors file (unreadable header)") from None
+    if not isinstance(header, dict):
+        raise CatalogError(f"{path}: not a safetensors file (unreadable header)")
+    tensors = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    end = max((int(v.get("data_offsets", (0, 0))[1]) for v in tensors.values()), default=0)
+    if 8 + header_size + end != size:
+        raise CatalogError(f"{path}: {size} bytes, but its header describes {8 + header_size + end} "
+                           "(truncated or padded); recapture the catalog")
+    missing = [key for key in weight_set.keys if key not in tensors]
+    if missing:
+        raise CatalogError(f"{path}: lacks weights {missing[:5]} recorded in the manifest")

@@ -47,6 +47,8 @@ def run(
         None, "--speculative-width", help="Load only programs verifying at most W positions per row (a width the catalog has)."),
     dump_estimates: Optional[Path] = typer.Option(
         None, "--dump-estimates", help="On exit, write the learned durations as a synthetic catalog for flare simulate."),
+    trust_catalog: bool = typer.Option(
+        False, "--trust-catalog", help="Load programs that could run code (pickled entries, AOTInductor); only for catalogs you trust."),
     max_waiting: int = typer.Option(
         DEFAULT_MAX_WAITING, "--max-waiting", help=f"Requests that may wait for a slot (default {DEFAULT_MAX_WAITING}); beyond them new requests get 503 with Retry-After."),
     queue_timeout: Optional[float] = typer.Option(
@@ -61,7 +63,7 @@ def run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         options = RunOptions(catalog, host, port, policy, terminal_value, terminal_age_price, alpha, speculation,
-                             api_key, threads, speculative_width, dump_estimates,
+                             api_key, threads, speculative_width, dump_estimates, trust_catalog=trust_catalog,
                              max_waiting=max_waiting, queue_timeout=queue_timeout)
         serve_catalog(options)
     except (LaunchError, CatalogError) as exc:

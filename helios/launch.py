@@ -3,7 +3,9 @@
 1. find the catalog (with none given: the bundled default, captured once into
    a per-user cache folder under a file lock; the only runtime path that
    imports ``ignition``, lazily);
-2. load and validate it;
+2. load and validate it: the manifest and files (``helios.catalog.load``),
+   every program archive unless ``--trust-catalog``, and that this machine can
+   hold its state;
 3. allocate the persistent state and build the engine (scheduler, pages);
 4. warm up: load every program and call it once with all rows inactive;
 5. serve over HTTP until SIGTERM/SIGINT, then drain;
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from helios.catalog import Catalog, load
+from helios.catalog import Catalog, CatalogError, load
 from helios.engine import SPECULATION_MODES, EngineConfig, HeliosEngine, select_programs
 from helios.estimates import estimates_document, write_estimates
 from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
@@ -54,6 +56,7 @@ class RunOptions:
     threads: int | None = None
     speculative_width: int | None = None  # None: every width the catalog has
     dump_estimates: Path | None = None
+    trust_catalog: bool = False  # load the catalog's programs uninspected (docs/catalog-format.md, "Trust")
     max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which new ones get 503
     queue_timeout: float | None = None  # seconds a request may wait for a slot (None: no limit)
 
@@ -109,14 +112,21 @@ class RunOptions:
 # ---------------------------------------------------------------------------
 
 
+def open_catalog(options: RunOptions) -> Catalog:
+    """Steps 1-2: the catalog found, validated and judged servable here, before any program runs."""
+    folder = options.catalog or bundled_catalog()
+    catalog = _step(f"load catalog {folder}", lambda: _load(folder, options.trust_catalog))
+    check_servable(catalog)
+    options.check_selection(catalog)
+    return catalog
+
+
 def prepare_engine(options: RunOptions) -> HeliosEngine:
     """Steps 1-4: the engine ready to serve (each step logged with its duration)."""
-    folder = options.catalog or bundled_catalog()
-    catalog = _step(f"load catalog {folder}", lambda: _load(folder))
-    options.check_selection(catalog)
+    catalog = open_catalog(options)
     engine = _step("allocate state and build the engine", lambda: HeliosEngine(catalog, options.engine_config(catalog)))
     log.info("torch threads: %d intra-op (--threads)", torch.get_num_threads())
-    _step(f"warm up {len(engine.scheduler.graphs)} programs", engine.warm_up)
+    _step(f"warm up {len(engine.scheduler.graphs)} programs", lambda: _warm_up(engine))
     return engine
 
 
@@ -153,11 +163,65 @@ def _step(name: str, action):
     return result
 
 
-def _load(folder: Path) -> Catalog:
+def _load(folder: Path, trust: bool) -> Catalog:
     try:
-        return load(folder)
+        catalog = load(folder, trust=trust)
     except FileNotFoundError as exc:
         raise LaunchError(f"{folder}: {exc}") from exc
+    catalog.check_programs()
+    return catalog
+
+
+def check_servable(catalog: Catalog) -> None:
+    """What the engine needs beyond a valid catalog: a paged cache, its device, room for state and weights."""
+    layout, kind = catalog.state.layout, str(catalog.manifest.device["kind"])
+    missing = [key for key in ("request_slots", "page_size", "num_pages", "max_pages_per_slot") if key not in layout]
+    if missing:
+        raise LaunchError(f"{catalog.path}: its state has no paged KV cache (layout lacks {', '.join(missing)}); "
+                          "flare run serves model catalogs written by `ignition capture`")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise LaunchError(f"{catalog.path}: captured for cuda, but this machine has no CUDA device")
+    needed, memory = _resident_bytes(catalog), _device_memory(kind)
+    if memory is not None and needed > memory:
+        raise LaunchError(f"{catalog.path}: its state and weights need {needed / 2**30:.1f} GiB, more than this "
+                          f"machine's {memory / 2**30:.1f} GiB of {kind} memory")
+    _check_tokenizer(catalog)
+
+
+def _resident_bytes(catalog: Catalog) -> int:
+    state = sum(math.prod(t.shape) * getattr(torch, t.dtype).itemsize for t in catalog.state.tensors)
+    return state + sum((catalog.path / w.file).stat().st_size for w in catalog.manifest.weights)
+
+
+def _device_memory(kind: str) -> int | None:
+    if kind == "cuda":
+        return torch.cuda.mem_get_info()[1]
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def _check_tokenizer(catalog: Catalog) -> None:
+    from tokenizers import Tokenizer
+
+    path = catalog.tokenizer_path / "tokenizer.json"
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
+        raise LaunchError(f"{path}: not a tokenizer the tokenizers library reads ({' '.join(str(exc).split())[:200]})") from None
+
+
+def _warm_up(engine: HeliosEngine) -> None:
+    """A program that cannot run here (damaged, or built for another machine) is one line, not a traceback."""
+    try:
+        engine.warm_up()
+    except CatalogError:
+        raise
+    except Exception as exc:
+        log.debug("warm-up failed", exc_info=True)
+        raise LaunchError(f"{engine.catalog.path}: warm-up failed ({exc.__class__.__name__}: "
+                          f"{' '.join(str(exc).split())[:300]}); the catalog's programs do not run here") from None
 
 
 # ---------------------------------------------------------------------------

@@ -193,6 +193,9 @@ def debug_serve(
     threads: Annotated[
         Optional[int], typer.Option("--threads", help="Torch intra-op threads [default: every core].")
     ] = None,
+    trust_catalog: Annotated[bool, typer.Option(
+        "--trust-catalog", help="Load programs that could run code (pickled entries, AOTInductor); only for catalogs you trust."
+    )] = False,
 ) -> None:
     """Serve a catalog with a diagnostic scheduler, to tell a capture bug from a scheduling bug (docs/debug-serve.md)."""
     import logging
@@ -204,7 +207,7 @@ def debug_serve(
     with user_errors(ctx):
         if not direct:
             raise ValueError("debug-serve has one mode: pass --direct (ignition debug-serve --direct CATALOG)")
-        options = DebugServeOptions(catalog, host, port, verbose, threads)
+        options = DebugServeOptions(catalog, host, port, verbose, threads, trust_catalog)
         engine = prepare_engine(options)
     run(options, engine)
 

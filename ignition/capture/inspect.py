@@ -24,10 +24,14 @@ class CatalogReport:
         return sum(self.file_sizes.values())
 
     def _program(self, entry: ProgramEntry) -> dict[str, Any]:
-        files = {"file": entry.file, "bytes": self.file_sizes[entry.file]}
+        files = {"file": entry.file, "bytes": self._size(entry.file)}
         if entry.compiled_file:
-            files |= {"compiled_file": entry.compiled_file, "compiled_bytes": self.file_sizes[entry.compiled_file]}
+            files |= {"compiled_file": entry.compiled_file, "compiled_bytes": self._size(entry.compiled_file)}
         return {**descriptor_to_dict(entry.descriptor), **files}
+
+    def _size(self, relative: str) -> int:
+        """A listed file's size (``load`` has checked that it lies inside the catalog and exists)."""
+        return self.file_sizes.get(relative) or (self.catalog.path / relative).stat().st_size
 
     def to_json(self) -> dict[str, Any]:
         manifest = self.catalog.manifest

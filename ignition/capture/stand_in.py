@@ -106,7 +106,7 @@ def stand_in_source(
 ) -> CaptureSource:
     weights = stand_in_weights(seed)
     return CaptureSource(
-        recipe={"name": "stand-in", "request_slots": SLOTS},
+        recipe={"name": "stand-in", "description": "hand-written stand-in programs for catalog tests"},
         model={"hidden_size": HIDDEN, "vocab_size": VOCAB},
         tokenizer_reference="stand-in/tokenizer.json",
         tokenizer_files=(tokenizer_file,),

@@ -36,6 +36,7 @@ class DebugServeOptions:
     port: int = 8000
     verbose: bool = False
     threads: int | None = None
+    trust_catalog: bool = False  # load programs uninspected (docs/catalog-format.md, "Trust")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -57,7 +58,8 @@ def build_app(engine: DirectEngine, config: ServerConfig = ServerConfig()) -> Fa
 def prepare_engine(options: DebugServeOptions) -> DirectEngine:
     """Load the catalog (a bad one raises ``ValueError``/``OSError``: one line, exit 2), build, warm up."""
     began = time.monotonic()
-    catalog = load(options.catalog)
+    catalog = load(options.catalog, trust=options.trust_catalog)
+    catalog.check_programs()  # refuse programs that could run code before any is loaded
     log.info("loaded catalog %s (%d programs) in %.1f s", options.catalog, len(catalog.descriptors),
              time.monotonic() - began)
     config = EngineConfig(threads=options.threads or os.cpu_count() or 1,
