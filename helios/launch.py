@@ -1,5 +1,6 @@
 """``flare run``'s startup: a short sequence of named, logged steps (STYLE.md 7).
 
+0. claim the listening address, so a busy port is one line before any work;
 1. find the catalog (with none given: the bundled default, captured once into
    a per-user cache folder under a file lock; the only runtime path that
    imports ``ignition``, lazily);
@@ -19,6 +20,7 @@ import hashlib
 import logging
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,17 +133,43 @@ def prepare_engine(options: RunOptions) -> HeliosEngine:
 
 
 def run(options: RunOptions) -> None:
-    """``flare run``: prepare the engine, then serve until told to stop."""
+    """``flare run``: claim the address, prepare the engine, then serve until told to stop."""
     from helios.server.app import ServerConfig
     from helios.server.serve import uvicorn_server
 
-    engine = prepare_engine(options)
-    api_key = options.api_key or os.environ.get("FLARE_API_KEY") or None
-    server = uvicorn_server(engine, ServerConfig(api_key=api_key), options.host, options.port, log_level="warning")
-    log.info("ready on http://%s:%d (model %s)", options.host, options.port, engine.model_name)
-    server.run()
+    listener = bind_listener(options.host, options.port)
+    try:
+        engine = prepare_engine(options)
+        api_key = options.api_key or os.environ.get("FLARE_API_KEY") or None
+        server = uvicorn_server(engine, ServerConfig(api_key=api_key), options.host, options.port, log_level="warning")
+        log.info("ready on http://%s:%d (model %s)", options.host, listener.getsockname()[1], engine.model_name)
+        server.run(sockets=[listener])
+    finally:
+        listener.close()
     if options.dump_estimates is not None:
         dump_estimates(engine, options.dump_estimates)
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Step 0: bind the address now, so a busy port fails before minutes of capture and warm-up.
+
+    Bound, not yet listening: until the server starts, connections are refused
+    rather than left waiting in a backlog. Port 0 picks a free port (logged as ready).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise LaunchError(f"--host {host}: not an address this machine can listen on ({exc.strerror})") from None
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart past TIME_WAIT
+    try:
+        listener.bind(address)
+    except OSError as exc:
+        listener.close()
+        raise LaunchError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}); "
+                          "stop what uses it or pick another --port") from None
+    return listener
 
 
 def dump_estimates(engine: HeliosEngine, path: Path) -> None:

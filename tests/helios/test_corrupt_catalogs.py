@@ -281,3 +281,19 @@ def test_the_recipe_keys_helios_accepts_are_the_recipe_schema(catalog):
         assert set(RECIPE_KEYS[source]["dimensions"]) == {f.name for f in dataclasses.fields(ModelDims)}
     assert set(catalog.manifest.recipe) <= set(RECIPE_KEYS)
 
+
+# -- startup order (issue 17, part 8) -------------------------------------------------------------
+
+
+def test_a_busy_port_is_one_line_and_exit_2_before_the_catalog_is_even_read(pristine, monkeypatch, caplog):
+    import socket
+
+    monkeypatch.setattr(launch, "HeliosEngine", _NoEngine)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with caplog.at_level("INFO", logger="flare.run"):
+            result = runner.invoke(flare_app, ["run", str(pristine), "--port", str(port)])
+    one_error_line(result, f"--port {port}: cannot listen there (Address already in use)")
+    assert not [r for r in caplog.records if "load catalog" in r.getMessage()], "it read the catalog first"
