@@ -36,3 +36,8 @@ def next_token_logits(tokens: list[int]) -> torch.Tensor:
     with torch.no_grad():
         hidden = model(checkpoint.weights, torch.tensor(tokens), torch.arange(len(tokens)), batch, *cache)
         return model.logits(checkpoint.weights, hidden[-1])[: c.sampled_vocab_size]
+
+
+def target_config():
+    """The bundled target's model configuration (for tolerances derived from its arithmetic)."""
+    return _target()[0].config

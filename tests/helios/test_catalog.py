@@ -19,9 +19,13 @@ from hypothesis import strategies as st
 from helios.catalog import FORMAT_VERSION, CatalogError, descriptor_from_dict, descriptor_to_dict, load
 from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 from ignition.capture import write_catalog
-from ignition.capture.stand_in import StandInProgram, stand_in_inputs, stand_in_source, stand_in_state, stand_in_weights
+from ignition.capture.stand_in import (HIDDEN, StandInProgram, stand_in_inputs, stand_in_source, stand_in_state,
+                                       stand_in_weights)
+from numerics import assert_choices_match, assert_close_paths, chain_tolerance
 
 REPO = Path(__file__).resolve().parents[2]
+# tanh(embed @ proj) then hidden @ embed.T: two dependent reductions over the hidden width.
+STAND_IN_TOLERANCE = chain_tolerance(torch.float32, [HIDDEN, HIDDEN])
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +49,7 @@ def edit_manifest(root: Path, **changes) -> None:
     (root / "catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
+@pytest.mark.numerics
 def test_loaded_program_equals_eager_and_updates_state_in_place(catalog_dir):
     catalog = load(catalog_dir)
     for descriptor in catalog.descriptors:
@@ -55,9 +60,13 @@ def test_loaded_program_equals_eager_and_updates_state_in_place(catalog_dir):
             state["seq_lens"].copy_(torch.tensor([0, 2, 4, 6], dtype=torch.int32))
         got = catalog.program(descriptor.id)(**inputs, **loaded_state)
         want = StandInProgram(descriptor.prefill_capacity)(stand_in_weights(), **inputs, **eager_state)
-        assert torch.equal(got["tokens"], want[0]) and torch.equal(got["logits"], want[1])
-        for name in eager_state:
-            assert torch.equal(loaded_state[name], eager_state[name]), f"{descriptor.id}: {name} differs from eager"
+        # The exported graph may run other kernels than eager (another CPU, a decomposed op):
+        # floats within the two stages' reordering bound, the greedy choice exact up to near-ties.
+        assert_close_paths(got["logits"], want[1], STAND_IN_TOLERANCE, f"{descriptor.id} logits")
+        assert_choices_match(got["tokens"], want[0], want[1], STAND_IN_TOLERANCE, f"{descriptor.id} tokens")
+        assert torch.equal(loaded_state["pending"][: len(got["tokens"])], got["tokens"]), "pending = own tokens"
+        assert_close_paths(loaded_state["cache"], eager_state["cache"], STAND_IN_TOLERANCE, f"{descriptor.id} cache")
+        assert torch.equal(loaded_state["seq_lens"], eager_state["seq_lens"]), f"{descriptor.id}: seq_lens"
         assert loaded_state["cache"].abs().sum() > 0, "the program must write the caller's cache in place"
 
 

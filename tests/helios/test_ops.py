@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helios.ops.layout import NO_PAGE
+from numerics import assert_close_paths, chain_tolerance
 
 import helios.ops  # noqa: F401  (registers flare::)
 
@@ -45,6 +46,7 @@ def _empty_cache():
     return torch.zeros(LAYERS, PAGES, PAGE, KV_HEADS, DIM), torch.zeros(LAYERS, PAGES, PAGE, KV_HEADS, DIM)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("seed", range(12))
 def test_C14_paged_attention_matches_dense_reference_on_ragged_rows(seed):
     gen, row_slots, query_lens, start = _ragged_case(seed)
@@ -68,7 +70,10 @@ def test_C14_paged_attention_matches_dense_reference_on_ragged_rows(seed):
     for (k, v), length, s in zip(seqs, query_lens.tolist(), start.tolist()):
         if length:
             want = _dense_attention(q[offset : offset + length], k, v, s)
-            torch.testing.assert_close(out[offset : offset + length], want, rtol=1e-5, atol=1e-5)
+            # Scores over DIM, then the softmax sum and the weighted sum over the context: three
+            # reductions that the op and the dense reference block differently.
+            tolerance = chain_tolerance(torch.float32, [DIM, s + length, s + length])
+            assert_close_paths(out[offset : offset + length], want, tolerance, f"row at {offset}")
         offset += length
     assert torch.all(out[offset:] == 0), "unused packed capacity must stay zero"
 
@@ -180,7 +185,7 @@ def test_paged_attention_reads_only_the_live_context():
     k_cache[:, ~live] = float("nan")
     v_cache[:, ~live] = float("nan")
     got = torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, garbage_table, *args)
-    assert torch.equal(got, want)
+    assert torch.equal(got, want)  # the same op on the same live values: one path, so bitwise
 
 
 def test_active_rows_sharing_a_slot_are_rejected():

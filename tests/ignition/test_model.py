@@ -12,6 +12,7 @@ import torch
 from ignition.models.byte_tokenizer import write_tokenizer_files
 from ignition.models.checkpoint import ModelLoadError, load_checkpoint, load_config
 from ignition.models.qwen3 import PagedBatch, Qwen3
+from numerics import assert_close_paths, qwen3_tolerance
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,6 +54,7 @@ def _paged_forward(model: Qwen3, weights, cache, tokens, positions, row_slots, q
     return model.logits(weights, hidden)
 
 
+@pytest.mark.numerics
 def test_C14_packed_prefill_then_paged_decode_matches_transformers(hf_pair):
     hf, folder = hf_pair
     ckpt = load_checkpoint(folder)
@@ -68,7 +70,10 @@ def test_C14_packed_prefill_then_paged_decode_matches_transformers(hf_pair):
     with torch.no_grad():
         want = torch.cat([hf(p[None]).logits[0] for p in prompts])
         worst = max(worst, (logits - want).abs().max().item())
-        torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
+        # Two implementations of one model (paged and packed here, dense in transformers): the
+        # logits agree within the reordering bound of the model's chain at the longest context.
+        tolerance = qwen3_tolerance(ckpt.config, context=int(lens.max()) + 4)
+        assert_close_paths(logits, want, tolerance, "prefill logits")
         seqs = list(prompts)
         for _ in range(4):  # decode: one new token per row through the paged cache
             step = torch.randint(0, 259, (len(seqs),), generator=gen)
@@ -77,7 +82,7 @@ def test_C14_packed_prefill_then_paged_decode_matches_transformers(hf_pair):
             seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, step)]
             want = torch.stack([hf(s[None]).logits[0, -1] for s in seqs])
             worst = max(worst, (logits - want).abs().max().item())
-            torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
+            assert_close_paths(logits, want, tolerance, "decode logits")
     print(f"max abs logit diff vs transformers: {worst:.3e}")
 
 
@@ -128,6 +133,7 @@ def _edit_config(folder: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("role", ["target", "draft"])
 def test_bundled_checkpoint_loads_in_transformers_and_matches(role):
     folder = BUNDLED / role
@@ -144,4 +150,4 @@ def test_bundled_checkpoint_loads_in_transformers_and_matches(role):
     one = torch.ones(1, dtype=torch.int32)
     logits = _paged_forward(model, ckpt.weights, cache, tokens, torch.arange(len(ids)), one * 0, one * len(ids), one * 0)
     with torch.no_grad():
-        torch.testing.assert_close(logits, hf(tokens[None]).logits[0], rtol=1e-4, atol=1e-4)
+        assert_close_paths(logits, hf(tokens[None]).logits[0], qwen3_tolerance(c, len(ids)), f"{role} logits")

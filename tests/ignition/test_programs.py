@@ -20,6 +20,7 @@ from helios.scheduler.types import GraphDescriptor, GraphKind
 from ignition.models.programs import ProgramSpec, StateLayout, build_program
 from ignition.models.qwen3 import PagedBatch, Qwen3, Qwen3Config
 from ignition.models.sampling import sample
+from numerics import assert_close_paths, assert_states_close, assert_tokens_match, qwen3_tolerance, recorded_decisions
 from speculation_harness import row_columns
 
 CONFIG = Qwen3Config(
@@ -30,6 +31,9 @@ CONFIG = Qwen3Config(
 LAYOUT = StateLayout(request_slots=4, page_size=4, num_pages=48, max_pages_per_slot=10)
 GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0, seed=0)
 SAMPLED = dict(temperature=0.9, top_k=30, top_p=0.95, seed=1234567890123)
+# Two paths through this model (exported and eager, batched and single) agree within this
+# fraction of the values' scale: the reordering bound of its longest chain (tests/helios/numerics.py).
+TOLERANCE = qwen3_tolerance(CONFIG, LAYOUT.max_pages_per_slot * LAYOUT.page_size)
 
 PREFILL = GraphDescriptor("prefill-16", GraphKind.PREFILL, 1, prefill_capacity=16)
 SCORED = GraphDescriptor("scored-16", GraphKind.SCORED_PREFILL, 1, prefill_capacity=16)
@@ -116,6 +120,7 @@ def _prompt(n: int, seed: int) -> list[int]:
     return torch.randint(0, CONFIG.sampled_vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_C1_prefill_then_decode_equals_plain_forward(params):
     h, prompt = Harness(), _prompt(11, 1)
@@ -147,6 +152,7 @@ def test_chunked_prefill_equals_one_chunk():
     assert torch.equal(one.state["seq_lens"], two.state["seq_lens"])
 
 
+@pytest.mark.numerics
 def test_C1_scored_prefill_logprobs_equal_plain_log_softmax():
     h, prompt = Harness(), _prompt(12, 3)
     spec = build_program(SCORED, CONFIG, LAYOUT, WEIGHTS)
@@ -156,7 +162,7 @@ def test_C1_scored_prefill_logprobs_equal_plain_log_softmax():
     out = h.run(spec, rows=[dict(slot=3, length=7)], prompt_tokens=chunk, prompt_start=[0],
                 prompt_final=[False], next_prompt_token=[prompt[7]])
     want = full[torch.arange(7), torch.tensor(prompt[1:8])]
-    torch.testing.assert_close(out["logprobs"][:7], want, rtol=1e-5, atol=1e-5)
+    assert_close_paths(out["logprobs"][:7], want, TOLERANCE, "scored logprobs")
     assert torch.all(out["logprobs"][7:] == 0)
 
 
@@ -200,6 +206,7 @@ def test_C4_speculative_verification_commits_exactly_what_decode_would(desc, par
         assert int(h.state["pending"][slot]) == got[slot][-1]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("desc", [MIXED, MIXED1], ids=["width3", "width1"])
 def test_C14_mixed_frame_equals_separate_prefill_and_verification(desc):
     """Prompt row in the middle of the lane list; offsets are prefix sums, not slots."""
@@ -302,6 +309,7 @@ def _state_after(desc, module, spec, setup_seed: int):
     return out, h.state
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("desc", ALL, ids=lambda d: d.id)
 def test_C1_exported_saved_loaded_program_equals_eager(desc, tmp_path):
     spec = build_program(desc, CONFIG, LAYOUT)
@@ -309,13 +317,20 @@ def test_C1_exported_saved_loaded_program_equals_eager(desc, tmp_path):
     ep.example_inputs = None
     torch.export.save(ep, tmp_path / "program.pt2")
     loaded = torch.export.load(tmp_path / "program.pt2").module()
-    eager_out, eager_state = _state_after(desc, None, spec, 20)
+    with recorded_decisions() as decisions:
+        eager_out, eager_state = _state_after(desc, None, spec, 20)
     loaded_out, loaded_state = _state_after(desc, loaded, spec, 20)
     for name in spec.output_names:
-        assert torch.equal(eager_out[name], loaded_out[name]), name
         assert eager_out[name].dtype == dict((s.name, s.dtype) for s in spec.outputs)[name]
-    for name in spec.mutated_inputs:
-        assert torch.equal(eager_state[name], loaded_state[name]), f"{name} differs after the loaded program"
+    # The loaded graph may run other kernels than eager: floats within the model's reordering
+    # bound; tokens exact unless a decision of the eager run was a near-tie (then the commits
+    # that follow from the tokens may differ too, and only the floats are compared).
+    if assert_tokens_match(loaded_out["tokens"], eager_out["tokens"], decisions, TOLERANCE, desc.id):
+        return
+    assert_states_close({n: loaded_out[n] for n in spec.output_names}, {n: eager_out[n] for n in spec.output_names},
+                        TOLERANCE, f"{desc.id} outputs")
+    assert_states_close({n: loaded_state[n] for n in spec.mutated_inputs},
+                        {n: eager_state[n] for n in spec.mutated_inputs}, TOLERANCE, f"{desc.id} state")
     assert eager_out["num_tokens"].sum() > 0, "the frame did real work"
 
 
@@ -343,23 +358,27 @@ def test_bad_descriptors_are_rejected_with_a_reason(desc, message):
         build_program(desc, CONFIG, LAYOUT)
 
 
+@pytest.mark.numerics
 def test_C14_mixed_without_a_prompt_row_equals_speculative_verification():
     """prefill_row = -1: a decode-only population runs in a mixed program like in a speculative one."""
     spec_desc = GraphDescriptor("spec-4x3", GraphKind.SPECULATIVE, 4, proposal_depth=2, width=3)
     results = []
-    for desc, extra in ((MIXED, dict(prefill_row=[-1])), (spec_desc, {})):
-        h = Harness()
-        for slot in (0, 2):
-            h.prefill(slot, _prompt(6 + slot, 30 + slot), SAMPLED)
-        drafts = torch.tensor([[5, 6], [7, 8], [0, 0], [0, 0]])
-        rows = [dict(slot=2, length=3, **SAMPLED), dict(slot=0, length=2, **SAMPLED)]
-        out = h.run(build_program(desc, CONFIG, LAYOUT, WEIGHTS), rows=rows, draft_tokens=drafts, **extra)
-        results.append((out, h.state))
+    with recorded_decisions() as decisions:
+        for desc, extra in ((MIXED, dict(prefill_row=[-1])), (spec_desc, {})):
+            h = Harness()
+            for slot in (0, 2):
+                h.prefill(slot, _prompt(6 + slot, 30 + slot), SAMPLED)
+            drafts = torch.tensor([[5, 6], [7, 8], [0, 0], [0, 0]])
+            rows = [dict(slot=2, length=3, **SAMPLED), dict(slot=0, length=2, **SAMPLED)]
+            out = h.run(build_program(desc, CONFIG, LAYOUT, WEIGHTS), rows=rows, draft_tokens=drafts, **extra)
+            results.append((out, h.state))
     (mixed_out, mixed_state), (spec_out, spec_state) = results
-    assert torch.equal(mixed_out["tokens"], spec_out["tokens"])
+    # Two program shapes, so two blockings of the same sums: floats within the model's bound,
+    # tokens exact unless one of the decisions was a near-tie (then what follows from them may differ).
+    if assert_tokens_match(mixed_out["tokens"], spec_out["tokens"], decisions, TOLERANCE, "mixed vs speculative"):
+        return
     assert torch.equal(mixed_out["num_tokens"], spec_out["num_tokens"])
-    for name in mixed_state:
-        assert torch.equal(mixed_state[name], spec_state[name]), name
+    assert_states_close(mixed_state, spec_state, TOLERANCE, "mixed vs speculative")
 
 
 def test_C4_width_one_speculative_variant_decodes_like_decode():

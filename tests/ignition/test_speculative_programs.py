@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from helios.scheduler.types import GraphKind
 from ignition.models.proposals import allocate
+from numerics import (assert_close_paths, assert_states_close, assert_tokens_match, chain_tolerance, decision_margins,
+                      near_tie_margin, qwen3_tolerance, recorded_decisions)
 from speculation_harness import (
     COPY_B2W3, DECODE4, GREEDY, LAYOUT, MIXED_W1, MIXED_W3, RAGGED_PL, RAGGED_QL, SPEC_B1W4, SPEC_B2W3, SPEC_B4W3,
     SPEC_W1, Frames, Model, committed, page_table,
@@ -27,7 +29,12 @@ from speculation_harness import (
 
 CI = os.environ.get("FLARE_TEST_SCALE") == "ci"
 MODEL = Model.seeded(vocab=48)
-NEAR_TIE = 1e-4  # relative gap of the target's top-two logits that fp32 batching may flip
+CONTEXT = LAYOUT.max_pages_per_slot * LAYOUT.page_size
+# Batched rounds and plain decoding (or an exported program and eager) block the same sums
+# differently: target logits agree within TARGET of their scale, draft values within DRAFT,
+# and a whole speculative program (D draft steps, then the target) within ROUND.
+TARGET = qwen3_tolerance(MODEL.target, CONTEXT)
+DRAFT = qwen3_tolerance(MODEL.draft, CONTEXT)
 LEARNED_ROUNDS = (SPEC_W1, SPEC_B2W3, SPEC_B1W4, SPEC_B4W3, RAGGED_QL, RAGGED_PL, MIXED_W3)
 
 
@@ -90,8 +97,7 @@ def _copy_drafts(desc, slots, out, truth, rng) -> torch.Tensor:
 
 def _near_tie(model: Model, prefix: list[int]) -> bool:
     logits, _ = model.reference_logits(prefix)
-    top = logits[-1].topk(2).values
-    return float(top[0] - top[1]) <= NEAR_TIE * max(1.0, float(top[0].abs()))
+    return float(decision_margins(logits[-1])) <= near_tie_margin(logits[-1], TARGET)
 
 
 @pytest.mark.slow
@@ -214,7 +220,7 @@ def test_C4_C15_draft_cache_equals_a_fresh_draft_prefill_after_mixed_rounds():
         for name, key in (("draft_k_cache", "k_cache"), ("draft_v_cache", "v_cache")):
             got = _slot_positions(frames.state[name], slot, len(tokens))
             want = _slot_positions(fresh[key], 0, len(tokens))
-            assert torch.allclose(got, want, atol=1e-5), f"slot {slot} {name}"
+            assert_close_paths(got, want, DRAFT, f"slot {slot} {name}")
 
 
 def _mixed_prefill(frames: Frames, desc, slot: int, prompt: list[int], other: int) -> dict:
@@ -246,7 +252,8 @@ def test_C12_confidence_sidecar_shape_range_cumulative_and_zero_outside_the_fram
     conf = out["confidence"]
     assert conf.shape == (2, LAYOUT.request_slots, RAGGED_PL.proposal_depth)
     assert conf.dtype == torch.float32 and ((conf >= 0) & (conf <= 1)).all()
-    assert torch.allclose(conf[1], conf[0].cumprod(dim=1))
+    # a product of up to D factors: D roundings apart at most
+    assert_close_paths(conf[1], conf[0].cumprod(dim=1), chain_tolerance(torch.float32, [RAGGED_PL.proposal_depth]))
     assert (conf[:, [1, 3]] == 0).all() and (conf[0, [0, 2]] > 0).all()
 
 
@@ -348,7 +355,8 @@ def test_C15_ordinary_programs_never_touch_the_draft_and_take_no_draft_inputs():
 @pytest.mark.slow
 def test_C2_exported_prefix_limit_program_equals_eager(tmp_path):
     """The whole speculative program (draft steps, allocation, verification, commit, absorption)
-    survives torch.export -> save -> load: tokens and sidecars exact, caches within 1e-5."""
+    survives torch.export -> save -> load: tokens exact unless a decision of the eager run was a
+    near-tie, float sidecars and caches within the round's reordering bound."""
     spec = MODEL.spec(RAGGED_PL)
     ep = torch.export.export(spec.module, spec.example_args, strict=False)
     ep.example_inputs = None
@@ -356,11 +364,13 @@ def test_C2_exported_prefix_limit_program_equals_eager(tmp_path):
     loaded = torch.export.load(tmp_path / "p.pt2").module()
     rows = [dict(slot=s, length=[4, 2, 0, 3][s], temperature=[0.0, 0.8, 0.0, 1.0][s], seed=s) for s in range(4)]
     eager, exported = _prefilled(), _prefilled()
-    want = eager.call(RAGGED_PL, rows)
+    with recorded_decisions() as decisions:
+        want = eager.call(RAGGED_PL, rows)
     got = exported.call(RAGGED_PL, rows, module=loaded)
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
-    for name, tensor in eager.state.items():
-        assert torch.allclose(exported.state[name].double(), tensor.double(), atol=1e-5), name
+    round_tolerance = TARGET + RAGGED_PL.proposal_depth * DRAFT
+    if assert_tokens_match(got["tokens"], want["tokens"], decisions, round_tolerance, "prefix-limit round"):
+        return
+    assert_states_close(got, want, round_tolerance, "outputs")
+    assert_states_close(exported.state, eager.state, round_tolerance, "state")
 
 
