@@ -8,6 +8,7 @@ capture the tiny slice (tiny_catalog.py) and start server processes.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,26 @@ def catalog(request, tmp_path_factory):
 def eager(catalog):
     """``program_for`` over eager twins of the slice's programs (bitwise equal, loaded in milliseconds)."""
     return eager_programs(catalog)
+
+
+@dataclass(frozen=True)
+class CliCapture:
+    folder: Path
+    result: object  # typer's Result: exit_code, stdout, stderr
+
+
+@pytest.fixture(scope="session")
+def cli_capture(tmp_path_factory) -> CliCapture:
+    """``ignition capture flare-tiny`` through the CLI, once per session: three small programs
+    (prefill, scored prefill, decode; one slot, no drafts) and what the command printed."""
+    from typer.testing import CliRunner
+
+    from ignition.cli import app
+
+    folder = tmp_path_factory.mktemp("cli") / "tiny"
+    result = CliRunner().invoke(app, ["capture", "flare-tiny", "--out", str(folder), *CLI_CAPTURE_OPTIONS])
+    assert result.exit_code == 0, result.output
+    return CliCapture(folder, result)
+
+
+CLI_CAPTURE_OPTIONS = ("--concurrency", "1", "--drafts", "0", "--prefill-chunk", "64")

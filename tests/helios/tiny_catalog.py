@@ -65,7 +65,8 @@ def tiny_catalog_path(base: Path) -> Path:
 
 
 @functools.cache
-def _checkpoint():
+def bundled_checkpoints():
+    """The bundled target and draft checkpoints, as capture loads them."""
     from ignition.models.checkpoint import load_checkpoint
     from ignition.recipes import load_recipe
 
@@ -75,20 +76,22 @@ def _checkpoint():
 
 
 def eager_programs(catalog):
-    """``program_for`` over eager modules of the catalog's programs (same weights, same layout)."""
+    """``program_for`` over eager modules of the catalog's programs (same weights, same layout, the
+    draft model where the catalog keeps draft state): a program's eager twin, called with named tensors."""
     from ignition.models.programs import StateLayout, build_program
 
-    target, draft = _checkpoint()
+    target, draft = bundled_checkpoints()
     layout_fields = catalog.state.layout
     layout = StateLayout(layout_fields["request_slots"], layout_fields["page_size"], layout_fields["num_pages"],
                          layout_fields["max_pages_per_slot"])
-    weights = {**target.weights, **{f"draft.{k}": t for k, t in draft.weights.items()}}
+    has_draft = any(t.name.startswith("draft") for t in catalog.state.tensors)  # captured with learned drafts
+    weights = {**target.weights, **({f"draft.{k}": t for k, t in draft.weights.items()} if has_draft else {})}
     built = {}
 
     def program_for(program_id: str):
         if program_id not in built:
             spec = build_program(catalog.entry(program_id).descriptor, target.config, layout, weights,
-                                 draft_config=draft.config)
+                                 draft_config=draft.config if has_draft else None)
             built[program_id] = _named(spec, spec.example_args[0])
         return built[program_id]
 

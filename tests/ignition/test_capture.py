@@ -16,7 +16,8 @@ import yaml
 from helios.catalog import load
 from ignition.capture import CaptureError, CaptureObserver, StagingError, write_catalog
 from ignition.capture.export import export_program
-from ignition.capture.stand_in import StandInProgram, StandInSpec, stand_in_inputs, stand_in_source, stand_in_state
+from ignition.capture.stand_in import HIDDEN, StandInProgram, StandInSpec, stand_in_inputs, stand_in_source, stand_in_state
+from numerics import assert_close_paths, assert_tokens_match, chain_tolerance, qwen3_tolerance, recorded_decisions
 
 
 @pytest.fixture
@@ -142,10 +143,14 @@ def test_aoti_catalog_runs_compiled_programs_with_weights_bound_at_load(tmp_path
     compiled_state, eager_state = stand_in_state(), stand_in_state()
     got = catalog.program("decode_b4")(**inputs, **compiled_state)
     want = StandInProgram(0)(source.weights["target"], **inputs, **eager_state)
-    assert torch.equal(got["tokens"], want[0])
-    torch.testing.assert_close(got["logits"], want[1])
+    # Inductor generates its own kernels: the stand-in's two reductions, reordered.
+    tolerance = chain_tolerance(torch.float32, [HIDDEN, HIDDEN])
+    assert_close_paths(got["logits"], want[1], tolerance, "logits")
+    assert torch.equal(got["tokens"], want[0]) or bool(
+        (want[1].gather(-1, got["tokens"][:, None]) >= want[1].max(-1, keepdim=True).values
+         - 2 * tolerance * want[1].abs().max()).all()), "tokens differ beyond a near-tie"
     for name, value in eager_state.items():
-        torch.testing.assert_close(compiled_state[name], value, msg=f"{name} not updated in place like eager")
+        assert_close_paths(compiled_state[name], value, tolerance, f"{name} not updated in place like eager")
     assert compiled_state["cache"].abs().sum() > 0
 
 
@@ -169,52 +174,54 @@ def test_mutation_through_a_view_marks_the_base_input(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# The bundled model, end to end: capture -> fresh process -> equals eager.
+# The bundled model, end to end: capture -> fresh process under other kernels -> equals eager.
 # ---------------------------------------------------------------------------
 
 FRESH_PROCESS_RUNNER = """
 import sys, torch
 from helios.catalog import load
-catalog_dir, frames_file, results_file = sys.argv[1:4]
-frames = torch.load(frames_file)
-catalog = load(catalog_dir)
-results = {}
-for program_id, frame in frames["frames"].items():
-    state = {name: t.clone() for name, t in frames["state"].items()}
-    outputs = catalog.program(program_id)(**frame, **state)
-    caches = [n for n in ("k_cache", "v_cache", "draft_k_cache", "draft_v_cache") if n in state]
-    written = {n: frames["state"][n] != state[n] for n in caches}
-    results[program_id] = {"outputs": outputs, "writes": {n: state[n] for n in ("pending", "seq_lens")},
+jobs_file, results_file = sys.argv[1:3]
+results = []
+for job in torch.load(jobs_file):
+    catalog, out = load(job["catalog"]), {}
+    for program_id, frame in job["frames"].items():
+        state = {name: t.clone() for name, t in job["state"].items()}
+        outputs = catalog.program(program_id)(**frame, **state)
+        caches = [n for n in ("k_cache", "v_cache", "draft_k_cache", "draft_v_cache") if n in state]
+        written = {n: job["state"][n] != state[n] for n in caches}
+        out[program_id] = {"outputs": outputs, "writes": {n: state[n] for n in ("pending", "seq_lens")},
                            "cache": {n: state[n][w] for n, w in written.items()},
                            "cache_where": {n: w.nonzero() for n, w in written.items()}}
+    results.append(out)
 assert not [m for m in sys.modules if m.startswith("ignition")], "the runtime imported ignition"
+print("kernels:", torch.backends.cpu.get_cpu_capability())
 torch.save(results, results_file)
 """
 
+# The fresh process runs another CPU kernel choice than this one (vectorised against scalar
+# kernels), so the comparison below meets different summation orders on every machine.
+OTHER_KERNELS = "default"
 
-def _model_graphs(scale: str):
-    """ci: one program per kind (mixed included), the learned prefix_limit program, a copy program and a
-    learned wider mixed program; otherwise the default catalog plus two mixed programs."""
+
+def _full_default_catalog(folder: Path) -> Path:
+    """The whole default catalog plus the smallest and widest mixed programs (full scale only)."""
     from ignition.capacity import CapacityOptions, plan_capacity
+    from ignition.capture.pipeline import model_source
     from ignition.recipes import load_recipe
 
     recipe = load_recipe("flare-tiny").resolve()
     default = plan_capacity(recipe).graphs
     mixed = [g for g in plan_capacity(recipe, CapacityOptions(mixed_prefill=True)).graphs if g.kind.value == "mixed"]
-    if scale == "ci":
-        firsts = {}
-        for g in (*default, *mixed):
-            firsts.setdefault(g.kind, g)
-        wide = [g for g in default if g.kind.value == "speculative" and g.width > 1]
-        learned_pl = [g for g in wide if g.value_source and g.value_source.value == "prefix_limit"]
-        return recipe, (*firsts.values(), *learned_pl, wide[-1], mixed[-1])
-    return recipe, (*default, mixed[0], mixed[-1])
+    source = dataclasses.replace(model_source(recipe, plan_capacity(recipe)), graphs=(*default, mixed[0], mixed[-1]))
+    return write_catalog(source, folder).path
 
 
 def _frame(entry, state_spec, seq_lens, gen) -> dict[str, torch.Tensor]:
     """Inputs for one program: live rows in shuffled slots, the last row inactive, partial prompts."""
     d = entry.descriptor
-    slots = torch.tensor([2, 0, 3, 1][: d.batch_capacity], dtype=torch.int32)
+    layout = state_spec.layout
+    slots = torch.tensor([s for s in (2, 0, 3, 1) if s < layout["request_slots"]][: d.batch_capacity],
+                         dtype=torch.int32)
     is_prompt_kind = d.kind.value in ("prefill", "scored_prefill")
     prompt_len = min(d.prefill_capacity, 37)
     lens = [prompt_len] if is_prompt_kind else [d.width] * d.batch_capacity
@@ -224,7 +231,6 @@ def _frame(entry, state_spec, seq_lens, gen) -> dict[str, torch.Tensor]:
         lens[-1] = 0  # an inactive row must write nothing
     if d.ragged:
         lens = [d.width, 1] + [0] * (d.batch_capacity - 2)
-    layout = state_spec.layout
     pages = layout["max_pages_per_slot"]
     vocab = 259
     frame = {
@@ -247,67 +253,99 @@ def _frame(entry, state_spec, seq_lens, gen) -> dict[str, torch.Tensor]:
     return {name: frame[name] for name in names}
 
 
-def _eager(entry, source, frame, state) -> dict:
-    """The eager program module of ``entry`` (built as capture built it) on the same inputs and a
-    copy of the same state."""
-    spec = source.build(entry.descriptor)
+def _job(catalog, gen) -> dict:
+    """Every program of ``catalog`` with a frame of its own, over one shared starting state."""
+    state = catalog.state.allocate()
+    state["k_cache"].normal_(generator=gen)
+    state["v_cache"].normal_(generator=gen)
+    slots = catalog.state.layout["request_slots"]
+    state["pending"].copy_(torch.tensor([17, 101, 250, 3][:slots]))
+    state["seq_lens"].copy_(torch.tensor([41, 0, 130, 9][:slots], dtype=torch.int32))
+    frames = {p.id: _frame(p, catalog.state, state["seq_lens"], gen) for p in catalog.manifest.programs}
+    return {"catalog": str(catalog.path), "frames": frames, "state": state}
+
+
+def _eager(program, frame, state) -> dict:
+    """An eager twin of the program (tests/helios/tiny_catalog.py) on the same inputs and a copy of the state."""
     state = {name: t.clone() for name, t in state.items()}
-    named = {"weights": spec.example_args[0], **frame, **state}
-    outputs = dict(zip(spec.output_names, spec.module(*(named[n] for n in spec.input_names)), strict=True))
-    return {"outputs": outputs, "state": state}
+    return {"outputs": program(**frame, **state), "state": state}
 
 
 @pytest.mark.slow
-def test_C1_C14_bundled_catalog_runs_in_a_fresh_process_exactly_like_eager(tmp_path):
+def test_C1_C14_captured_programs_run_in_a_fresh_process_under_other_kernels_like_eager(catalog, cli_capture,
+                                                                                       tmp_path):
     """Every captured kind (prefill, scored prefill, decode, speculative, mixed) loaded in a fresh
-    process that imports only helios equals the eager model, and writes the KV cache where eager does."""
+    process that imports only helios, and runs the CPU's other kernels, equals the eager model within
+    the arithmetic's tolerance, and writes the KV cache exactly where eager does.
+
+    Catalogs: the tests' tiny slice (prefill, decode, every speculative family, mixed) and the CLI
+    capture (its scored prefill); at full scale also the whole default catalog."""
     import os
     import subprocess
     import sys
 
-    from ignition.capacity import plan_capacity
-    from ignition.capture.pipeline import model_source
+    from tiny_catalog import eager_programs
 
-    recipe, graphs = _model_graphs(os.environ.get("FLARE_TEST_SCALE", "full"))
-    plan = plan_capacity(recipe)
-    source = dataclasses.replace(model_source(recipe, plan), graphs=graphs)
-    catalog = load(write_catalog(source, tmp_path / "catalog").path)
+    catalogs = [catalog, load(cli_capture.folder)]
+    if os.environ.get("FLARE_TEST_SCALE") != "ci":
+        catalogs.append(load(_full_default_catalog(tmp_path / "default")))
     gen = torch.Generator().manual_seed(7)
-    state = catalog.state.allocate()
-    state["k_cache"].normal_(generator=gen)
-    state["v_cache"].normal_(generator=gen)
-    state["pending"].copy_(torch.tensor([17, 101, 250, 3]))
-    state["seq_lens"].copy_(torch.tensor([41, 0, 130, 9], dtype=torch.int32))
-    frames = {p.id: _frame(p, catalog.state, state["seq_lens"], gen) for p in catalog.manifest.programs}
-    torch.save({"frames": frames, "state": state}, tmp_path / "frames.pt")
+    jobs = [_job(c, gen) for c in catalogs]
+    torch.save(jobs, tmp_path / "jobs.pt")
     runner = tmp_path / "runner.py"
     runner.write_text(FRESH_PROCESS_RUNNER)
     repo = Path(__file__).resolve().parents[2]
-    args = [sys.executable, str(runner), str(catalog.path), str(tmp_path / "frames.pt"), str(tmp_path / "out.pt")]
+    args = [sys.executable, str(runner), str(tmp_path / "jobs.pt"), str(tmp_path / "out.pt")]
     result = subprocess.run(args, cwd=repo, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "PYTHONPATH": str(repo)})
+                            env={**os.environ, "PYTHONPATH": str(repo), "ATEN_CPU_CAPABILITY": OTHER_KERNELS})
     assert result.returncode == 0, result.stderr[-3000:]
-    loaded = torch.load(tmp_path / "out.pt")
+    print(f"this process: {torch.backends.cpu.get_cpu_capability()}; fresh process: {result.stdout.strip()}")
     kinds = set()
-    for entry in catalog.manifest.programs:
-        diffs = _compare(entry.id, _eager(entry, source, frames[entry.id], state), loaded[entry.id], state)
-        print(f"{entry.id}: max abs diff " + ", ".join(f"{k}={v:.3g}" for k, v in diffs.items()))
-        # Integer outputs (sampled tokens, counts) must agree exactly. Float values
-        # may differ in the last bits: the fresh process can pick other BLAS
-        # kernels (thread count, load) for the same matmul, so fp32 tolerance.
-        exact = {k: v for k, v in diffs.items() if k in ("tokens", "num_tokens")}
-        assert max(exact.values(), default=0.0) == 0.0, f"{entry.id}: loaded tokens differ from eager: {diffs}"
-        assert max(diffs.values()) <= 1e-5, f"{entry.id}: the loaded program differs from eager: {diffs}"
-        kinds.add(entry.descriptor.kind.value)
+    for c, job, loaded in zip(catalogs, jobs, torch.load(tmp_path / "out.pt")):
+        program_for = eager_programs(c)
+        for entry in c.manifest.programs:
+            kinds.add(entry.descriptor.kind.value)
+            with recorded_decisions() as decisions:
+                eager = _eager(program_for(entry.id), job["frames"][entry.id], job["state"])
+            # Integer outputs (sampled tokens, counts) agree exactly, unless a decision of the eager
+            # run was a near-tie. Float values differ in the last bits (other kernels, another CPU,
+            # a decomposed op), within the program's reordering bound (tests/helios/numerics.py).
+            tolerance = _program_tolerance(entry.descriptor, c.state.layout)
+            got = loaded[entry.id]
+            if assert_tokens_match(got["outputs"]["tokens"], eager["outputs"]["tokens"], decisions, tolerance,
+                                   entry.id):
+                continue
+            diffs = _compare(entry.id, eager, got, job["state"])
+            print(f"{entry.id}: largest difference / scale " + ", ".join(f"{k}={v:.3g}" for k, v in diffs.items())
+                  + f" (tolerance {tolerance:.3g})")
+            assert max(diffs.values(), default=0.0) <= tolerance, f"{entry.id}: differs from eager: {diffs}"
     assert kinds == {"prefill", "scored_prefill", "decode", "speculative", "mixed"}
 
 
+def _program_tolerance(descriptor, layout) -> float:
+    """The bundled target's chain at the longest context, plus one draft chain per proposal step."""
+    from tiny_catalog import bundled_checkpoints
+
+    context = layout["max_pages_per_slot"] * layout["page_size"]
+    target, draft = (c.config for c in bundled_checkpoints())
+    return qwen3_tolerance(target, context) + descriptor.proposal_depth * qwen3_tolerance(draft, context)
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    scale = max(want.double().abs().max().item(), 1e-30) if want.numel() else 1.0
+    return (got.double() - want.double()).abs().max().item() / scale if want.numel() else 0.0
+
+
 def _compare(program_id: str, eager: dict, got: dict, initial: dict) -> dict[str, float]:
-    """Max abs differences of outputs and written cache values; asserts exact agreement elsewhere."""
+    """Largest differences of float outputs and written cache values, relative to the eager values'
+    scale; asserts exact agreement of integer outputs and of where the caches were written."""
     diffs = {}
     for name, value in eager["outputs"].items():
         assert got["outputs"][name].dtype == value.dtype, f"{program_id}: {name} dtype"
-        diffs[name] = (got["outputs"][name].double() - value.double()).abs().max().item()
+        if not value.is_floating_point():
+            assert torch.equal(got["outputs"][name], value), f"{program_id}: {name} differs from eager"
+            continue
+        diffs[name] = _relative(got["outputs"][name], value)
     for name in ("pending", "seq_lens"):
         assert torch.equal(got["writes"][name], eager["state"][name]), f"{program_id}: {name} differs from eager"
     for name in got["cache"]:
@@ -316,5 +354,5 @@ def _compare(program_id: str, eager: dict, got: dict, initial: dict) -> dict[str
         assert torch.equal(got["cache_where"][name], written.nonzero()), f"{program_id}: {name} written elsewhere"
         if not written.any():  # programs that never run the draft leave its cache alone
             continue
-        diffs[name] = (got["cache"][name] - eager["state"][name][written]).abs().max().item()
+        diffs[name] = _relative(got["cache"][name], eager["state"][name][written])
     return diffs

@@ -13,10 +13,11 @@ from typer.testing import CliRunner
 from helios.catalog import FORMAT_VERSION
 from ignition.capture import write_catalog
 from ignition.capture.stand_in import stand_in_source
+from conftest import CLI_CAPTURE_OPTIONS
 from ignition.cli import app
 
 runner = CliRunner()
-SMALL = ("--concurrency", "1", "--drafts", "0", "--prefill-chunk", "64")  # three programs
+SMALL = CLI_CAPTURE_OPTIONS  # three programs, captured once per session by the cli_capture fixture
 
 
 def invoke(*args: str):
@@ -34,11 +35,8 @@ def assert_one_line_error(result, *words: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def captured(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cli") / "tiny"
-    result = invoke("capture", "flare-tiny", "--out", out, *SMALL)
-    assert result.exit_code == 0, result.output
-    return out
+def captured(cli_capture) -> Path:
+    return cli_capture.folder
 
 
 @pytest.fixture
@@ -57,13 +55,18 @@ def test_capture_then_inspect_json_reports_the_catalog(captured):
     assert report["envelope"]["request_slots"] == 1 and report["envelope"]["draft_depth"] == 0
 
 
-def test_capture_prints_a_summary_with_counts_size_and_time(tmp_path):
-    out = tmp_path / "again"
-    result = invoke("capture", "default", "--out", out, "--concurrency", "1", "--drafts", "0", "--prefill-chunk", "64")
-    assert result.exit_code == 0, result.output
+def test_capture_prints_a_summary_with_counts_size_and_time(cli_capture):
+    result = cli_capture.result  # the session's one capture of these programs (tests/conftest.py)
     assert "captured 3 programs (decode 1, prefill 1, scored_prefill 1)" in result.stdout
     assert "load checkpoint" in result.stderr and "export 3 programs" in result.stderr
-    assert (out / "catalog.yaml").is_file()
+    assert (cli_capture.folder / "catalog.yaml").is_file()
+
+
+def test_capture_resolves_recipe_aliases(tmp_path):
+    """``default`` names flare-tiny: planning through the alias gives the same shapes (no second capture)."""
+    by_alias = json.loads(invoke("plan", "default", *SMALL, "--json").stdout)
+    by_name = json.loads(invoke("plan", "flare-tiny", *SMALL, "--json").stdout)
+    assert by_alias["shapes"] == by_name["shapes"] and by_alias["shapes"]
 
 
 def test_C10_inspect_lists_exactly_the_programs_plan_reports(captured):
