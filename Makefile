@@ -19,5 +19,16 @@ $(STAMP): pyproject.toml
 serve: install
 	$(BIN)/flare run $(FLARE_RUN_ARGS)
 
+# The suite, then its numerics tests (floats of two execution paths) again under
+# the portable scalar kernels instead of this CPU's vector ones: a tolerance that
+# holds only for the kernels of the machine a test was written on fails here, not
+# on the next machine (NUMERICS_KERNELS=none skips that pass). --durations lists
+# the slowest tests, so a slowdown shows in every run.
+NUMERICS_KERNELS ?= default
+
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	@if [ "$(NUMERICS_KERNELS)" != none ]; then \
+	  echo "numerics tests again with ATEN_CPU_CAPABILITY=$(NUMERICS_KERNELS):"; \
+	  ATEN_CPU_CAPABILITY=$(NUMERICS_KERNELS) $(BIN)/python -m pytest -q -m numerics -p no:cacheprovider; \
+	fi
