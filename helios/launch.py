@@ -135,13 +135,16 @@ def prepare_engine(options: RunOptions) -> HeliosEngine:
 def run(options: RunOptions) -> None:
     """``flare run``: claim the address, prepare the engine, then serve until told to stop."""
     from helios.server.app import ServerConfig
-    from helios.server.serve import uvicorn_server
+    from helios.server.serve import body_limit, uvicorn_server
 
     listener = bind_listener(options.host, options.port)
     try:
         engine = prepare_engine(options)
         api_key = options.api_key or os.environ.get("FLARE_API_KEY") or None
-        server = uvicorn_server(engine, ServerConfig(api_key=api_key), options.host, options.port, log_level="warning")
+        max_body = body_limit(engine.context_length, engine.tokenizer.max_token_bytes) or ServerConfig().max_body_bytes
+    log.info("request bodies up to %d bytes (what a %d-token prompt can need)", max_body, engine.context_length)
+    server = uvicorn_server(engine, ServerConfig(api_key=api_key, max_body_bytes=max_body), options.host, options.port,
+                            log_level="warning")
         log.info("ready on http://%s:%d (model %s)", options.host, listener.getsockname()[1], engine.model_name)
         server.run(sockets=[listener])
     finally:

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from helios.engine_api import ChatTemplateError, EngineTokenizer, GenerationRequest, SamplingParams
+from helios.engine_api import ChatTemplateError, EngineTokenizer, GenerationRequest, SamplingParams, fewest_tokens
 from helios.server.errors import ApiError, bad_request, cut, model_not_found
 
 log = logging.getLogger(__name__)
@@ -234,6 +234,7 @@ def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: st
     _refuse_if(body.best_of not in (None, 1), "best_of", f"must be 1, this server generates one choice per request (got {body.best_of})")
     prompt = body.prompt
     if isinstance(prompt, str):
+        _check_text_fits(prompt, "prompt", limits)
         ids = tuple(limits.tokenizer.encode(prompt, add_special_tokens=True))
     else:
         ids = _checked_token_ids(prompt, limits.tokenizer.vocab_size)
@@ -247,7 +248,7 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
     _refuse_if(bool(body.logprobs) or body.top_logprobs is not None, "logprobs", "log probabilities are not supported by this server")
     _refuse_if(bool(body.tools), "tools", "tool calling is not supported by this server")
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
-    ids = _render_chat(messages, limits.tokenizer)
+    ids = _render_chat(messages, limits)
     _check_prompt_fits(len(ids), "messages", limits)
     param, asked = ("max_completion_tokens", body.max_completion_tokens)
     if asked is None:
@@ -278,12 +279,13 @@ def _checked_token_ids(ids: tuple[int, ...], vocab_size: int) -> tuple[int, ...]
     return ids
 
 
-def _render_chat(messages: list[dict[str, str]], tokenizer: EngineTokenizer) -> tuple[int, ...]:
+def _render_chat(messages: list[dict[str, str]], limits: ModelLimits) -> tuple[int, ...]:
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = limits.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except ChatTemplateError as exc:
         raise bad_request(f"Invalid 'messages': {exc}", "messages", "invalid_value") from None
-    return tuple(tokenizer.encode(text, add_special_tokens=False))
+    _check_text_fits(text, "messages", limits)
+    return tuple(limits.tokenizer.encode(text, add_special_tokens=False))
 
 
 def _message_endpoints(messages: list[dict[str, str]], ids: tuple[int, ...], tokenizer: EngineTokenizer) -> tuple[int, ...]:
@@ -304,6 +306,15 @@ def _message_endpoints(messages: list[dict[str, str]], ids: tuple[int, ...], tok
         if 0 < len(head) < len(ids) and tuple(head) == ids[: len(head)] and (not endpoints or len(head) > endpoints[-1]):
             endpoints.append(len(head))
     return tuple(endpoints)
+
+
+def _check_text_fits(text: str, param: str, limits: ModelLimits) -> None:
+    """Refuse text whose length alone proves it over the context, before tokenizing it (megabytes take seconds)."""
+    fewest = fewest_tokens(limits.tokenizer, text)
+    if fewest >= limits.context_length:
+        raise bad_request(
+            f"The prompt is {len(text)} characters, so at least {fewest} tokens, but this model's context length is "
+            f"{limits.context_length} tokens, and prompt plus at least one output token must fit.", param, "context_length_exceeded")
 
 
 def _check_prompt_fits(prompt_tokens: int, param: str, limits: ModelLimits) -> None:

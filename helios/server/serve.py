@@ -47,6 +47,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_GRACE_S = 30.0
 DRAIN_MARGIN_S = 5.0
+# JSON spells a byte in at most six (\u0000); token-id prompts and chat framing fit in the margin.
+JSON_BYTES_PER_TEXT_BYTE = 6
+BODY_MARGIN_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,17 @@ class HttpLimits:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_head_bytes < 1024:
             raise ValueError(f"max_head_bytes must be >= 1024, got {self.max_head_bytes}")
+
+
+def body_limit(context_length: int, max_token_bytes: int | None) -> int | None:
+    """The largest request body that a prompt fitting the context can need (None: no bound is known).
+
+    Such a prompt is fewer than ``context_length`` tokens of at most
+    ``max_token_bytes`` bytes of text each, and JSON may spell a byte in six.
+    """
+    if not max_token_bytes:
+        return None
+    return context_length * max_token_bytes * JSON_BYTES_PER_TEXT_BYTE + BODY_MARGIN_BYTES
 
 
 class DrainingServer(uvicorn.Server):

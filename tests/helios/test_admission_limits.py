@@ -3,7 +3,9 @@
 - the waiting line is bounded: beyond ``max_waiting`` requests without a slot,
   ``submit`` refuses at once with ``EngineOverloaded`` (a 503 with Retry-After);
 - a request that waits longer than ``queue_timeout_s`` for a slot ends with
-  ``QueueTimeout`` while the running ones are unaffected.
+  ``QueueTimeout`` while the running ones are unaffected;
+- the checkpoint tokenizer's ``max_token_bytes`` is a true bound, so text
+  refused for its length alone could never have fit.
 
 Slots are held deterministically: every program call waits on a gate the
 test opens, so the requests that got slots cannot finish until then.
@@ -12,16 +14,23 @@ test opens, so the requests that got slots cannot finish until then.
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from helios.engine import EngineConfig, HeliosEngine
-from helios.engine_api import EngineOverloaded, GenerationRequest, QueueTimeout, SamplingParams
+from helios.engine_api import EngineOverloaded, GenerationRequest, QueueTimeout, SamplingParams, fewest_tokens
+from helios.server.serve import body_limit
+from helios.server.tokenizer import CheckpointTokenizer, max_token_bytes
 from helios.waiting import WaitingLine
 
 GREEDY = SamplingParams(temperature=0.0)
+BUNDLED_TOKENIZER = Path(__file__).resolve().parents[2] / "ignition/models/bundled/flare-tiny/target"
 
 
 def gated(eager):
@@ -134,3 +143,51 @@ def test_config_refuses_a_nonsense_line():
         WaitingLine(limit=0)
     with pytest.raises(ValueError, match="queue_timeout_s must be None"):
         WaitingLine(timeout_s=float("inf"))
+
+
+# ---------------------------------------------------------------- the tokenizer's length bound
+
+
+def test_the_bundled_tokenizer_never_gives_fewer_tokens_than_its_length_bound():
+    tokenizer = CheckpointTokenizer.from_folder(BUNDLED_TOKENIZER)
+    vocab = json.loads((BUNDLED_TOKENIZER / "tokenizer.json").read_text())["model"]["vocab"]
+    assert tokenizer.max_token_bytes == max(len(token) for token in vocab)  # byte-level: one character per byte
+    rng = random.Random(7)
+    longest = max(vocab, key=len)
+    texts = [longest.replace("Ġ", " ").replace("Ċ", "\n") * 40, " " * 3000, "=" * 999, "<|im_start|>" * 50,
+             "".join(chr(c) for c in rng.sample(range(32, 0x30000), 4000) if not 0xD800 <= c < 0xE000),
+             "".join(rng.choice(["the ", "engine", "\n", "    ", "é", "日本"]) for _ in range(3000))]
+    for text in texts:
+        assert len(tokenizer.encode(text, add_special_tokens=True)) >= fewest_tokens(tokenizer, text) > 0
+
+
+def _spec(tokenizer: Tokenizer) -> dict:
+    return json.loads(tokenizer.to_str())
+
+
+def test_tokenizers_that_may_delete_text_give_no_length_bound():
+    bpe = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
+    assert max_token_bytes(_spec(bpe)) == 2
+    bpe.normalizer = normalizers.NFKC()  # may shrink UTF-8 fourfold, never delete
+    assert max_token_bytes(_spec(bpe)) == 8
+    bpe.normalizer = normalizers.Strip()  # "   " -> ""
+    assert max_token_bytes(_spec(bpe)) is None
+    bpe.normalizer = None
+    bpe.pre_tokenizer = pre_tokenizers.Whitespace()  # drops whitespace
+    assert max_token_bytes(_spec(bpe)) is None
+    word_level = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))  # one [UNK] per word
+    assert max_token_bytes(_spec(word_level)) is None
+    bpe.pre_tokenizer = None
+    bpe.enable_truncation(8)
+    assert max_token_bytes(_spec(bpe)) is None
+
+
+def test_a_prompt_that_fits_the_context_fits_the_body_limit():
+    tokenizer = CheckpointTokenizer.from_folder(BUNDLED_TOKENIZER)
+    context = 4096
+    vocab = json.loads((BUNDLED_TOKENIZER / "tokenizer.json").read_text())["model"]["vocab"]
+    longest = max(vocab, key=len).replace("Ġ", " ").replace("Ċ", "\n")
+    prompt = longest * (context - 2)
+    assert len(tokenizer.encode(prompt, add_special_tokens=True)) < context
+    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 1}).encode()
+    assert len(body) <= body_limit(context, tokenizer.max_token_bytes) < 4 * 1024 * 1024

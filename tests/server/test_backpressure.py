@@ -3,7 +3,8 @@
 - a full waiting line (``EngineOverloaded``) and a queue timeout (``QueueTimeout``)
   are 503s in OpenAI's error shape with ``Retry-After``, counted in /metrics;
 - a client that sends nothing, half a head, or less body than it declared
-  loses its connection (or gets 408) instead of holding it forever.
+  loses its connection (or gets 408) instead of holding it forever;
+- text that cannot fit the context is refused before it is tokenized.
 
 The engine-side limits themselves (the line's bound, the timeout) are tested
 on the real engine in tests/helios/test_admission_limits.py.
@@ -23,7 +24,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fake_engine import FakeEngine
+from fake_engine import ByteTokenizer, FakeEngine
 from helios.engine_api import EngineOverloaded, EngineStats, GenerationRequest, QueueTimeout, TextDelta
 from helios.server.app import ServerConfig
 from helios.server.serve import DrainingServer, HttpLimits, uvicorn_server
@@ -33,12 +34,27 @@ SAFETY_S = 10.0  # how long a test socket waits before the test fails; the serve
 QUICK = HttpLimits(head_timeout_s=0.2, body_timeout_s=0.2, keep_alive_s=5.0, max_head_bytes=4096)
 
 
+class CountingTokenizer(ByteTokenizer):
+    """Byte tokens (so one token never stands for more than one byte), counting encode calls."""
+
+    max_token_bytes = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded: list[int] = []  # lengths of the texts encoded
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        self.encoded.append(len(text))
+        return super().encode(text, add_special_tokens=add_special_tokens)
+
+
 class LoadedEngine(FakeEngine):
     """A fake whose waiting line is full for prompts starting with ``!full``, and that times out
     prompts starting with ``!wait`` as if they never got a slot."""
 
     def __init__(self) -> None:
         super().__init__(context_length=CONTEXT)
+        self.tokenizer = CountingTokenizer()
 
     def submit(self, request: GenerationRequest):
         if bytes(request.prompt_token_ids).startswith(b"!full"):
@@ -198,3 +214,35 @@ def test_http_limits_refuse_nonsense():
         HttpLimits(body_timeout_s=0)
     with pytest.raises(ValueError, match="max_head_bytes must be >= 1024"):
         HttpLimits(max_head_bytes=10)
+
+
+# ---------------------------------------------------------------- text too long to tokenize
+
+
+def test_a_prompt_whose_length_proves_it_too_long_is_refused_before_tokenizing(served):
+    tokenizer = served.engine.tokenizer
+    tokenizer.encoded.clear()
+    response = httpx.post(f"{served.url}/v1/completions", json=_completion("a" * CONTEXT, max_tokens=1))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert f"at least {CONTEXT} tokens" in error["message"]
+    assert tokenizer.encoded == [], "the prompt was tokenized although its length already proved it too long"
+
+
+def test_a_chat_whose_rendered_text_proves_it_too_long_is_refused_before_tokenizing(served):
+    tokenizer = served.engine.tokenizer
+    tokenizer.encoded.clear()
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "b" * CONTEXT}]}
+    response = httpx.post(f"{served.url}/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert tokenizer.encoded == []
+
+
+def test_a_prompt_that_may_fit_is_tokenized_and_served(served):
+    tokenizer = served.engine.tokenizer
+    tokenizer.encoded.clear()
+    response = httpx.post(f"{served.url}/v1/completions", json=_completion("a" * (CONTEXT - 8), max_tokens=4))
+    assert response.status_code == 200 and response.json()["choices"][0]["text"] == "aaaa"
+    assert tokenizer.encoded == [CONTEXT - 8]
