@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import struct
 from collections.abc import Callable, Mapping

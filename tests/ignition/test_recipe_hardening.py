@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ignition.cli import app
-from ignition.recipes import ModelDims, RecipeError, read_model_dims, read_recipe_file
+from ignition.recipes import RecipeError, read_model_dims, read_recipe_file
 
 BUNDLED = Path(__file__).resolve().parents[2] / "ignition" / "recipes"
 runner = CliRunner()
