@@ -15,7 +15,7 @@ for a bounded time, prints one JSON line of figures and stops the server:
   from running while a worker thread encodes the large prompt, with the
   ``tokenizers`` library's plain ``encode`` and with ``CheckpointTokenizer.encode``.
 
-Usage: ``python scripts/probes/serving_limits.py stall --catalog DIR [-- extra flare run flags]``.
+Usage: ``python scripts/probes/serving_limits.py stall --catalog DIR [--flare-args "--max-waiting 64"]``.
 Loopback only; every wait is bounded.
 """
 
@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import random
+import shlex
 import socket
 import subprocess
 import sys
@@ -204,7 +205,7 @@ async def overload(base: str, pid: int, count: int, max_tokens: int, deadline_s:
         "hangs": statuses.get("hang", 0), "max_wait_s": round(max(served, default=0), 2),
         "503_codes_and_retry_after": sorted({str(x) for x in refused}),
         "rss_growth_mb": round((peak[0] - rss_before) / 2**20, 1),
-        "metrics": [line for line in metrics.splitlines() if line.startswith(("flare_requests_total", "flare_admission"))],
+        "metrics": [line for line in metrics.splitlines() if line.startswith(("flare_requests_total", "flare_requests_shed_total"))],
     }
 
 
@@ -285,14 +286,14 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=500, help="overload: requests sent at once")
     parser.add_argument("--max-tokens", type=int, default=32, help="overload: max_tokens per request")
     parser.add_argument("--deadline", type=float, default=120.0, help="overload/slow-client: seconds before a request counts as hung")
-    parser.add_argument("extra", nargs="*", help="flags passed to flare run (after --)")
+    parser.add_argument("--flare-args", default="", help="more flare run flags, one quoted string")
     args = parser.parse_args()
     if args.probe == "tokenizer-gil":
         print(json.dumps(tokenizer_gil(args.size)))
         return
     if args.catalog is None:
         parser.error(f"{args.probe} needs --catalog")
-    with flare_run(args.catalog, args.extra) as (base, pid):
+    with flare_run(args.catalog, shlex.split(args.flare_args)) as (base, pid):
         if args.probe == "stall":
             result = stall(base, pid, args.size)
         elif args.probe == "overload":
