@@ -188,7 +188,7 @@ def debug_serve(
     catalog: Annotated[Path, typer.Argument(help="A catalog folder written by `ignition capture`.")],
     direct: Annotated[bool, typer.Option("--direct", help="Schedule with ignition's own small scheduler (required).")] = False,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: a free one, logged when ready).")] = 8000,
     verbose: Annotated[bool, typer.Option("--verbose", help="Log every scheduling decision on one line.")] = False,
     threads: Annotated[
         Optional[int], typer.Option("--threads", help="Torch intra-op threads [default: every core].")
@@ -201,6 +201,7 @@ def debug_serve(
     import logging
     import sys
 
+    from helios.launch import bind_listener
     from ignition.direct.serve import DebugServeOptions, prepare_engine, run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -208,8 +209,9 @@ def debug_serve(
         if not direct:
             raise ValueError("debug-serve has one mode: pass --direct (ignition debug-serve --direct CATALOG)")
         options = DebugServeOptions(catalog, host, port, verbose, threads, trust_catalog)
+        listener = bind_listener(options.host, options.port)  # a busy port is one line, before the warm-up
         engine = prepare_engine(options)
-    run(options, engine)
+    run(options, engine, listener)
 
 
 def main() -> None:

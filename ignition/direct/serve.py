@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,11 +76,15 @@ def _log_decision(decision: Decision) -> None:
     log.info("decision %s", decision.line())
 
 
-def run(options: DebugServeOptions, engine: DirectEngine) -> None:
-    """Serve ``engine`` (from :func:`prepare_engine`) until SIGINT/SIGTERM, then drain like ``flare run``."""
+def run(options: DebugServeOptions, engine: DirectEngine, listener: socket.socket) -> None:
+    """Serve ``engine`` (from :func:`prepare_engine`) on ``listener`` (bound before the warm-up) until
+    SIGINT/SIGTERM, then drain like ``flare run``."""
     settings = uvicorn.Config(build_app(engine), host=options.host, port=options.port, log_level="warning",
                               lifespan="on", timeout_graceful_shutdown=DEFAULT_GRACE_S + DRAIN_MARGIN_S)
     server = DrainingServer(settings, engine, DEFAULT_GRACE_S)
-    log.info("direct scheduler ready on http://%s:%d (model %s); GET /debug/state", options.host, options.port,
-             engine.model_name)
-    server.run()
+    log.info("direct scheduler ready on http://%s:%d (model %s); GET /debug/state", options.host,
+             listener.getsockname()[1], engine.model_name)
+    try:
+        server.run(sockets=[listener])
+    finally:
+        listener.close()

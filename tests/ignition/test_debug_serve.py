@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from ignition.direct.scheduler import DECISIONS_KEPT
 from ignition.direct.serve import build_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
-from server_process import wait_ready  # noqa: E402
+from server_process import start_server, wait_ready  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ("The quick brown fox", "Once upon a time, in a land far away,", "1, 2, 3, 4,")
@@ -122,17 +121,11 @@ def test_debug_serve_without_direct_says_what_to_pass(tmp_path):
 @pytest.mark.slow
 def test_the_command_serves_over_http_logs_each_decision_and_stops_on_sigterm(catalog, tmp_path):
     folder = catalog.path
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log_path = tmp_path / "server.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "ignition.cli", "debug-serve", "--direct", str(folder),
-                                    "--port", str(port), "--verbose", "--threads", "1"],
-                                   stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
-    base = f"http://127.0.0.1:{port}"
+    process = start_server([sys.executable, "-m", "ignition.cli", "debug-serve", "--direct", str(folder),
+                            "--verbose", "--threads", "1"], log_path, cwd=Path(__file__).resolve().parents[2])
     try:
-        wait_ready(base, process, log_path, name="debug-serve", timeout_s=180.0)
+        base = wait_ready(process, log_path, name="debug-serve", timeout_s=180.0)
         reply = httpx.post(f"{base}/v1/completions", json={"model": "flare-tiny", "prompt": PROMPTS[0],
                                                           "max_tokens": 6, "temperature": 0}, timeout=60.0)
         assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("length", "stop")

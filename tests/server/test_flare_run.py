@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,32 +26,22 @@ from helios.launch import LaunchError, RunOptions
 from helios.simulation_files import load_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
-from server_process import wait_ready  # noqa: E402
+from server_process import start_server, wait_ready  # noqa: E402
 from tiny_catalog import cache_folder, tiny_catalog_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 FLARE = [sys.executable, "-m", "helios.cli"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory):
     catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
-    port = free_port()
     log_path = tmp_path_factory.mktemp("flare-run") / "server.log"
     estimates = log_path.with_name("estimates.yaml")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([*FLARE, "run", str(catalog), "--port", str(port), "--threads", "1",
-                                    "--dump-estimates", str(estimates)],
-                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    process = start_server([*FLARE, "run", str(catalog), "--threads", "1", "--dump-estimates", str(estimates)],
+                           log_path, cwd=REPO)
     try:
-        wait_ready(base, process, log_path, name="flare run", timeout_s=120.0)
+        base = wait_ready(process, log_path, name="flare run", timeout_s=120.0)
         yield base, process, log_path
     finally:
         if process.poll() is None:
@@ -141,7 +130,7 @@ def tiny_programs() -> tuple[str, ...]:
 
 def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(request, tmp_path_factory):
     catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
-    result = subprocess.run([*FLARE, "run", str(catalog), "--speculative-width", "7", "--port", str(free_port())],
+    result = subprocess.run([*FLARE, "run", str(catalog), "--speculative-width", "7", "--port", "0"],
                             cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]

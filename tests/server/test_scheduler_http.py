@@ -37,7 +37,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
 from eager_target import next_token_logits  # noqa: E402
-from server_process import wait_ready  # noqa: E402
+from server_process import start_server, wait_ready  # noqa: E402
 from tiny_catalog import source_digest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,21 +111,9 @@ def _token_count(text: str) -> int:
 @dataclass
 class Launch:
     mode: str
-    port: int
     process: subprocess.Popen
     log_path: Path
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    base: str = ""  # known once the server logged where it listens
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +125,9 @@ def launches(request, tmp_path_factory):
     logs = tmp_path_factory.mktemp("v5-servers")
     started = {}
     for mode in MODES:
-        port = _free_port()
-        with open(logs / f"{mode}.log", "w") as log:
-            process = subprocess.Popen([*FLARE, "run", "--port", str(port), "--threads", "1", "--speculation", mode],
-                                       cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                       env={**os.environ, "XDG_CACHE_HOME": str(home)})
-        started[mode] = Launch(mode, port, process, logs / f"{mode}.log")
+        process = start_server([*FLARE, "run", "--threads", "1", "--speculation", mode], logs / f"{mode}.log",
+                               cwd=REPO, env={**os.environ, "XDG_CACHE_HOME": str(home)})
+        started[mode] = Launch(mode, process, logs / f"{mode}.log")
     try:
         yield started
     finally:
@@ -155,7 +140,7 @@ def launches(request, tmp_path_factory):
 
 def _ready(launch: Launch, timeout_s: float = 600.0) -> Launch:
     # a first run captures the bundled model before loading it
-    wait_ready(launch.base, launch.process, launch.log_path, name="flare run", timeout_s=timeout_s)
+    launch.base = launch.base or wait_ready(launch.process, launch.log_path, name="flare run", timeout_s=timeout_s)
     return launch
 
 
