@@ -142,9 +142,9 @@ def run(options: RunOptions) -> None:
         engine = prepare_engine(options)
         api_key = options.api_key or os.environ.get("FLARE_API_KEY") or None
         max_body = body_limit(engine.context_length, engine.tokenizer.max_token_bytes) or ServerConfig().max_body_bytes
-    log.info("request bodies up to %d bytes (what a %d-token prompt can need)", max_body, engine.context_length)
-    server = uvicorn_server(engine, ServerConfig(api_key=api_key, max_body_bytes=max_body), options.host, options.port,
-                            log_level="warning")
+        log.info("request bodies up to %d bytes (what a %d-token prompt can need)", max_body, engine.context_length)
+        server = uvicorn_server(engine, ServerConfig(api_key=api_key, max_body_bytes=max_body), options.host, options.port,
+                                log_level="warning")
         log.info("ready on http://%s:%d (model %s)", options.host, listener.getsockname()[1], engine.model_name)
         server.run(sockets=[listener])
     finally:
