@@ -245,3 +245,27 @@ def test_a_program_running_the_draft_gets_target_then_prefixed_draft_weights(tmp
     bound = program.bind({**stand_in_state(), **stand_in_inputs(program.entry.descriptor)})[0]
     assert list(bound) == ["embed", "proj", "draft.embed", "draft.proj"]
     assert torch.equal(bound["draft.proj"], draft["proj"]) and torch.equal(bound["proj"], target["proj"])
+
+
+def test_memoized_schema_type_hints_deserialize_the_same_program(catalog_dir):
+    """Loading resolves torch's export schema annotations once per class (helios.catalog): the program
+    it deserializes must be the one plain torch.export.load gives, graph and signature alike."""
+    import typing
+
+    from torch._export.serde import serialize
+
+    from helios import catalog as catalog_module
+
+    path = catalog_dir / load(catalog_dir).entry("decode_b4").file
+    saved = serialize.typing
+    try:
+        serialize.typing = typing
+        plain = torch.export.load(path)
+        catalog_module._memoize_schema_type_hints()
+        assert isinstance(serialize.typing, catalog_module._SchemaTypeHints)
+        memoized = torch.export.load(path)
+        assert serialize.typing._hints, "the deserializer never asked for schema hints: nothing was memoized"
+    finally:
+        serialize.typing = saved
+    assert memoized.graph_module.code == plain.graph_module.code
+    assert str(memoized.graph_signature) == str(plain.graph_signature)
