@@ -37,21 +37,39 @@ def eager(catalog):
 @dataclass(frozen=True)
 class CliCapture:
     folder: Path
-    result: object  # typer's Result: exit_code, stdout, stderr
+    exit_code: int
+    stdout: str
+    stderr: str
 
 
 @pytest.fixture(scope="session")
-def cli_capture(tmp_path_factory) -> CliCapture:
-    """``ignition capture flare-tiny`` through the CLI, once per session: three small programs
-    (prefill, scored prefill, decode; one slot, no drafts) and what the command printed."""
+def cli_capture(request, tmp_path_factory) -> CliCapture:
+    """``ignition capture flare-tiny`` through the CLI: three small programs (prefill, scored prefill,
+    decode; one slot, no drafts) and what the command printed.
+
+    Run once per source digest, like the tiny slice: kept in pytest's cache under a file lock, so
+    parallel test workers and later runs share it, and any change to the capture sources runs it anew.
+    """
+    import fcntl
+    import json
+
     from typer.testing import CliRunner
 
     from ignition.cli import app
+    from tiny_catalog import source_digest
 
-    folder = tmp_path_factory.mktemp("cli") / "tiny"
-    result = CliRunner().invoke(app, ["capture", "flare-tiny", "--out", str(folder), *CLI_CAPTURE_OPTIONS])
-    assert result.exit_code == 0, result.output
-    return CliCapture(folder, result)
+    cache = getattr(request.config, "cache", None)
+    name = f"flare-cli-capture-{source_digest()}"
+    base = cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
+    folder, printed = base / "tiny", base / "printed.json"
+    with open(base / "capture.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not printed.is_file():
+            result = CliRunner().invoke(app, ["capture", "flare-tiny", "--out", str(folder), *CLI_CAPTURE_OPTIONS])
+            assert result.exit_code == 0, result.output
+            printed.write_text(json.dumps({"exit_code": result.exit_code, "stdout": result.stdout,
+                                           "stderr": result.stderr}))
+    return CliCapture(folder, **json.loads(printed.read_text()))
 
 
 CLI_CAPTURE_OPTIONS = ("--concurrency", "1", "--drafts", "0", "--prefill-chunk", "64")

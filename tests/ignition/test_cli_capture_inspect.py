@@ -56,7 +56,8 @@ def test_capture_then_inspect_json_reports_the_catalog(captured):
 
 
 def test_capture_prints_a_summary_with_counts_size_and_time(cli_capture):
-    result = cli_capture.result  # the session's one capture of these programs (tests/conftest.py)
+    result = cli_capture  # the one capture of these programs, and what it printed (tests/conftest.py)
+    assert result.exit_code == 0
     assert "captured 3 programs (decode 1, prefill 1, scored_prefill 1)" in result.stdout
     assert "load checkpoint" in result.stderr and "export 3 programs" in result.stderr
     assert (cli_capture.folder / "catalog.yaml").is_file()
