@@ -19,15 +19,17 @@ $(STAMP): pyproject.toml
 serve: install
 	$(BIN)/flare run $(FLARE_RUN_ARGS)
 
-# The suite, then its numerics tests (floats of two execution paths) again under
-# the portable scalar kernels instead of this CPU's vector ones: a tolerance that
-# holds only for the kernels of the machine a test was written on fails here, not
-# on the next machine (NUMERICS_KERNELS=none skips that pass). --durations lists
-# the slowest tests, so a slowdown shows in every run.
+# The suite, in one worker per core (at most 4; PYTEST_WORKERS=0 runs it in this
+# process), each test file whole on one worker; then its numerics tests (floats of
+# two execution paths) again under the portable scalar kernels instead of this
+# CPU's vector ones: a tolerance that holds only for the kernels of the machine a
+# test was written on fails here, not on the next machine (NUMERICS_KERNELS=none
+# skips that pass). --durations lists the slowest tests in every run.
+PYTEST_WORKERS ?= auto
 NUMERICS_KERNELS ?= default
 
 test: install
-	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile --durations=15 $(PYTEST_ARGS)
 	@if [ "$(NUMERICS_KERNELS)" != none ]; then \
 	  echo "numerics tests again with ATEN_CPU_CAPABILITY=$(NUMERICS_KERNELS):"; \
 	  ATEN_CPU_CAPABILITY=$(NUMERICS_KERNELS) $(BIN)/python -m pytest -q -m numerics -p no:cacheprovider; \
