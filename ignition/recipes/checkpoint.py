@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ignition.recipes.schema import ARCHITECTURES, ModelDims, RecipeError
+from ignition.recipes.rules import quote
 
 _OPTIONAL_KEYS = {"tie_word_embeddings", "head_dim"}
 
@@ -22,7 +23,7 @@ def read_model_dims(folder: Path) -> ModelDims:
     config = _read_config(folder)
     model_type = config.get("model_type")
     if model_type not in ARCHITECTURES:
-        raise RecipeError(f"{path}: model_type {model_type!r} is not supported; "
+        raise RecipeError(f"{path}: model_type {quote(model_type)} is not supported; "
                           f"allowed: {', '.join(ARCHITECTURES)} (a dense Qwen3 checkpoint)")
     values = {f.name: _value(_lift_rope_theta(config), f, folder) for f in dataclasses.fields(ModelDims)}
     for f in dataclasses.fields(ModelDims):
@@ -55,7 +56,7 @@ def require_agreement(recipe: str, declared: ModelDims, found: ModelDims, folder
         want, got = getattr(declared, f.name), getattr(found, f.name)
         if want != got:
             raise RecipeError(
-                f"{folder / 'config.json'}: {f.name} is {got!r} but recipe {recipe!r} declares {want!r}; "
+                f"{folder / 'config.json'}: {f.name} is {quote(got)} but recipe {recipe!r} declares {want!r}; "
                 "use a checkpoint of that shape, or the 'qwen3' recipe for any Qwen3 checkpoint"
             )
 
@@ -85,5 +86,5 @@ def _value(config: dict[str, Any], f: dataclasses.Field, folder: Path) -> Any:
     want = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool}[f.type]
     ok = isinstance(raw, bool) if want is bool else isinstance(raw, (int, float) if want is float else int)
     if not ok or (want is not bool and isinstance(raw, bool)):
-        raise RecipeError(f"{folder / 'config.json'}: {f.name} is {raw!r}; allowed: {want.__name__}")
+        raise RecipeError(f"{folder / 'config.json'}: {f.name} is {quote(raw)}; allowed: {want.__name__}")
     return float(raw) if want is float else raw

@@ -109,3 +109,16 @@ def test_a_checkpoint_config_with_infinity_is_refused(tmp_path):
 def test_messages_quote_huge_values_cut_short(tmp_path, edit, field):
     line = one_line(runner.invoke(app, ["plan", str(bundled_recipe(tmp_path, edit))]))
     assert field in line and len(line) < 400, len(line)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", "x" * 100_000), ("model_type", "q" * 100_000),
+                                          ("rms_norm_eps", ["big"] * 50_000)])
+def test_a_huge_checkpoint_config_value_is_cut_in_the_error(tmp_path, field, value):
+    """config.json is user data too: a wrong value is named, not echoed whole (one short line)."""
+    from test_recipes import QWEN3_CONFIG
+
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_CONFIG, field: value}))
+    with pytest.raises(RecipeError) as caught:
+        read_model_dims(tmp_path)
+    message = str(caught.value)
+    assert field in message and len(message) < 400, message[:500]
