@@ -85,7 +85,7 @@ class _GenerationBody(_Body):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, value: Any) -> tuple[str, ...]:
-        stops = (value,) if isinstance(value, str) else value
+        stops = [value] if isinstance(value, str) else value  # one string is one stop string
         if stops is None:
             return ()
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):

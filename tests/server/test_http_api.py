@@ -174,6 +174,18 @@ def test_sampling_fields_and_stop_pass_through_to_the_engine(served):
     assert body["choices"][0]["text"] == "hell" and body["choices"][0]["finish_reason"] == "stop"
 
 
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_stop_as_a_plain_string_is_one_stop_string(served, endpoint):
+    """The most common form, ``"stop": "\n"``: a single string, not a list (the OpenAI API allows both)."""
+    body = _completion("hello world", stop="o w") if endpoint == "/v1/completions" else {
+        "model": "fake-model", "messages": [{"role": "user", "content": "hello world"}], "stop": "o w"}
+    with served.client() as client:
+        reply = client.post(endpoint, json=body)
+    assert reply.status_code == 200, reply.text
+    assert served.engine.submitted[-1].stop == ("o w",)
+    assert reply.json()["choices"][0]["finish_reason"] == "stop"
+
+
 def test_top_k_minus_one_and_nulls_mean_defaults(served):
     with served.client() as client:
         client.post("/v1/completions", json=_completion("x", top_k=-1, temperature=None, top_p=None, stop=None))
