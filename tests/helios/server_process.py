@@ -1,4 +1,4 @@
-"""Server processes the tests start (`flare run`, `ignition debug-serve`), on ports the OS gave them.
+"""Servers the tests start (`flare run`, `ignition debug-serve`, uvicorn in a thread), on ports the OS gave them.
 
 Every server is started with ``--port 0``: it binds a free port itself before
 its warm-up and logs ``ready on http://HOST:PORT``, which ``wait_ready`` reads
@@ -9,8 +9,12 @@ back. No port is guessed or picked in advance, so two test runs, or a user's
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -44,3 +48,26 @@ def wait_ready(process: subprocess.Popen, log_path: Path, *, name: str, timeout_
                 pass
         time.sleep(0.25)
     raise AssertionError(f"{name} not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+
+
+@contextmanager
+def serving_in_thread(server) -> Iterator[str]:
+    """Run a uvicorn ``server`` (``helios.server.serve.uvicorn_server``) in a thread on a loopback port
+    the OS chose; yields its base URL and stops it afterwards."""
+    # proto IPPROTO_TCP, as uvicorn's own sockets have: asyncio sets TCP_NODELAY only then,
+    # and without it every keep-alive response waits ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert not thread.is_alive(), "uvicorn did not shut down"

@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from engine_driver import serve
 from helios.engine import EngineConfig, HeliosEngine, prompt_lookup
 from helios.engine_api import (
     EngineUnavailable,
@@ -49,17 +50,6 @@ async def collect(engine, req):
     return "".join(d.text for d in deltas), ids, deltas[-1].finish_reason, deltas
 
 
-def serve(engine, body):
-    """Run ``body(engine)`` inside a started engine and stop it afterwards."""
-    async def main():
-        await engine.start()
-        try:
-            return await asyncio.wait_for(body(engine), 120)
-        finally:
-            await engine.stop()
-    return asyncio.run(main())
-
-
 def wait_idle(engine, timeout_s=20.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -77,7 +67,7 @@ def wait_idle(engine, timeout_s=20.0):
 
 def greedy_by_hand(catalog, prompt: tuple[int, ...], count: int) -> list[int]:
     """Slot 0 owns pages 0..M-1; prefill_p64 the whole prompt, then decode_b1 ``count - 1`` times."""
-    state = catalog.state.allocate()
+    state = catalog.allocate_state()
     layout = catalog.state.layout
     table = torch.zeros(layout["request_slots"], layout["max_pages_per_slot"], dtype=torch.int32)
     table[0] = torch.arange(layout["max_pages_per_slot"], dtype=torch.int32)

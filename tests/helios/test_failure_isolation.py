@@ -22,6 +22,7 @@ import time
 import pytest
 
 import helios.executor
+from engine_driver import serve
 from helios.engine import EngineConfig, HeliosEngine
 from helios.engine_api import FinishReason, GenerationFailed, GenerationRequest, SamplingParams
 
@@ -43,16 +44,6 @@ def greedy(engine, rid: str, text: str, seed: int | None = None, tokens: int = T
 
 async def token_ids(stream) -> list[int]:
     return [t async for delta in stream for t in delta.token_ids]
-
-
-def serve(engine, body):
-    async def main():
-        await engine.start()
-        try:
-            return await asyncio.wait_for(body(engine), 120)
-        finally:
-            await engine.stop()
-    return asyncio.run(main())
 
 
 def wait_idle(engine, timeout_s: float = 20.0):

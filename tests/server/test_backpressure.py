@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_engine import ByteTokenizer, FakeEngine
+from server_process import serving_in_thread
 from helios.engine_api import EngineOverloaded, EngineStats, GenerationRequest, QueueTimeout, TextDelta
 from helios.server.app import ServerConfig
 from helios.server.serve import DrainingServer, HttpLimits, uvicorn_server
@@ -81,21 +80,9 @@ class Running:
 @pytest.fixture(scope="module")
 def served() -> Iterator[Running]:
     engine = LoadedEngine()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
     server = uvicorn_server(engine, ServerConfig(), log_level="warning", grace_s=0.2, limits=QUICK)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    port = sock.getsockname()[1]
-    yield Running(f"http://127.0.0.1:{port}", port, engine, server)
-    server.should_exit = True
-    thread.join(10)
-    assert not thread.is_alive(), "uvicorn did not shut down"
-    sock.close()
+    with serving_in_thread(server) as url:
+        yield Running(url, int(url.rsplit(":", 1)[1]), engine, server)
 
 
 def _completion(prompt, **extra) -> dict:

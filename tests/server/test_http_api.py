@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_engine import EOS, FakeEngine
+from server_process import serving_in_thread
 from helios.engine_api import EngineStats, ExecutionTotals, FinishReason, SpeculativeTotals
 from helios.engine_api import ChatTemplateError
 from helios.server.app import INLINE_PREPARE_BYTES, ServerConfig
@@ -48,22 +47,9 @@ class Running:
 
 
 def _serve(engine: FakeEngine, config: ServerConfig, grace_s: float = 1.0) -> Iterator[Running]:
-    # proto IPPROTO_TCP, as uvicorn's own sockets have: asyncio sets TCP_NODELAY only then,
-    # and without it every keep-alive response waits ~40 ms for a delayed ACK.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
     server = uvicorn_server(engine, config, log_level="warning", grace_s=grace_s)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    yield Running(f"http://127.0.0.1:{sock.getsockname()[1]}", engine, server)
-    server.should_exit = True
-    thread.join(10)
-    assert not thread.is_alive(), "uvicorn did not shut down"
-    sock.close()
+    with serving_in_thread(server) as url:
+        yield Running(url, engine, server)
 
 
 @pytest.fixture(scope="module")

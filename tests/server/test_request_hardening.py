@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_engine import ByteTokenizer, FakeEngine
+from server_process import serving_in_thread
 from helios.server.app import ServerConfig
 from helios.server.serve import uvicorn_server
 
@@ -65,19 +63,9 @@ class Served:
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     engine = FaultyEngine()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
     server = uvicorn_server(engine, ServerConfig(api_key=API_KEY), log_level="warning", grace_s=0.5)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", engine)
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with serving_in_thread(server) as url:
+        yield Served(url, engine)
 
 
 @pytest.fixture()
