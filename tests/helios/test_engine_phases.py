@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from eager_target import assert_same_or_near_tie
 from engine_driver import serve
 from helios.engine import EngineConfig, HeliosEngine, prompt_lookup
 from helios.engine_api import (
@@ -93,8 +94,9 @@ def test_greedy_output_through_the_engine_equals_prefill_then_decode_of_the_load
     _, ids, reason, _ = serve(engine, lambda e: collect(e, req))
     expected = greedy_by_hand(catalog, req.prompt_token_ids, 16)
     cut = next((i + 1 for i, t in enumerate(expected) if t in engine.executor.eos_ids), len(expected))
-    assert ids == expected[:cut]
-    assert reason is (FinishReason.LENGTH if cut == 16 else FinishReason.STOP)
+    # The engine runs the eager twins, the reference the loaded programs: exact unless a near-tie.
+    if not assert_same_or_near_tie(req.prompt_token_ids, expected[:cut], ids, what="engine vs by hand"):
+        assert reason is (FinishReason.LENGTH if cut == 16 else FinishReason.STOP)
 
 
 def test_S1_speculative_rounds_commit_what_plain_decoding_would(catalog, eager):
@@ -106,7 +108,9 @@ def test_S1_speculative_rounds_commit_what_plain_decoding_would(catalog, eager):
     plain = serve(make_engine(catalog, eager, "off"), body)
     speculative_engine = make_engine(catalog, eager, "adaptive")
     speculative = serve(speculative_engine, body)
-    assert [r[1] for r in speculative] == [r[1] for r in plain]
+    for text, want, got in zip(texts, plain, speculative):  # other widths: exact up to near-ties
+        assert_same_or_near_tie(prompt_ids(speculative_engine, text), want[1], got[1],
+                                what=f"speculative vs plain {text!r}")
     stats = speculative_engine.stats()
     assert sum(t.rounds for t in stats.speculative) > 0 and sum(t.draft_tokens for t in stats.speculative) > 0
     assert any(e.graph_kind == "speculative" for e in stats.executions)
@@ -130,7 +134,9 @@ def test_A13_C14_prompts_arriving_during_decode_may_run_mixed_and_commit_what_se
     engine = make_engine(catalog, eager, "adaptive")
     engine.warm_up()
     got = serve(engine, overlapping)
-    assert [r[1] for r in got] == [r[1] for r in expected]
+    for text, want, have in zip(texts, expected, got):  # mixed frames: exact up to near-ties
+        assert_same_or_near_tie(prompt_ids(engine, text), want[1], have[1],
+                                what=f"overlapping vs serial {text!r}")
     assert any(e.graph_kind == "mixed" for e in engine.stats().executions), engine.stats().executions
 
 
@@ -286,9 +292,12 @@ def test_seeded_sampling_reproduces_across_different_concurrency(catalog, eager)
         results = await asyncio.gather(alone(engine), *others)
         return results[0]
 
-    first = serve(make_engine(catalog, eager), alone)
+    engine = make_engine(catalog, eager)
+    first = serve(engine, alone)
     second = serve(make_engine(catalog, eager, "adaptive"), crowded)
-    assert first[1] == second[1]
+    # (seed, position) noise makes the cohort irrelevant; only a near-tie of the noised scores may flip
+    assert_same_or_near_tie(prompt_ids(engine, "Once upon a time"), first[1], second[1],
+                            sampling, "seeded alone vs crowded")
 
 
 # ---------------------------------------------------------------------------

@@ -19,14 +19,15 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from helios.direct.engine import DirectEngine
+from helios.direct.scheduler import DECISIONS_KEPT
+from helios.direct.serve import build_app
 from helios.engine import EngineConfig, HeliosEngine
 from helios.engine_api import GenerationRequest, SamplingParams
 from ignition.cli import app as ignition_app
-from ignition.direct.engine import DirectEngine
-from ignition.direct.scheduler import DECISIONS_KEPT
-from ignition.direct.serve import build_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
+from eager_target import assert_same_or_near_tie  # noqa: E402
 from server_process import start_server, wait_ready  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -54,7 +55,9 @@ def test_greedy_tokens_equal_helios_whatever_the_scheduler_picks(catalog, eager)
     decisions = []
     direct = DirectEngine(catalog, config, program_for=eager, on_decision=decisions.append)
     reference = HeliosEngine(catalog, config, program_for=eager)
-    assert greedy_outputs(direct, 10) == greedy_outputs(reference, 10)
+    # other programs and cohorts sum in other orders: the same tokens, up to near-ties of the model
+    for text, want, got in zip(PROMPTS, greedy_outputs(reference, 10), greedy_outputs(direct, 10)):
+        assert_same_or_near_tie(direct.tokenizer.encode(text, add_special_tokens=True), want, got, what=text[:30])
     kinds = {next(g.kind.value for g in direct.scheduler.graphs if g.id == d.program) for d in decisions}
     assert {"prefill"} < kinds  # prompts were chunked, then decode rounds ran
     assert "mixed" not in kinds  # the direct path never uses mixed programs

@@ -36,7 +36,7 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
-from eager_target import next_token_logits  # noqa: E402
+from eager_target import next_token_logits, reference_choice  # noqa: E402
 from server_process import start_server, wait_ready  # noqa: E402
 from tiny_catalog import source_digest  # noqa: E402
 
@@ -441,8 +441,16 @@ def test_greedy_output_over_http_equals_the_eager_model(server):
         body = {"model": MODEL, "prompt": ids, "max_tokens": 24, "temperature": 0}
         answer = httpx.post(f"{server.base}/v1/completions", json=body, timeout=120.0).json()
         shown = tokenizer.decode([t for t in expected if t not in EOS])
-        assert answer["choices"][0]["text"] == shown, (prompt, expected)
-        assert answer["usage"]["completion_tokens"] == len(expected)
+        text = answer["choices"][0]["text"]
+        if text == shown:
+            assert answer["usage"]["completion_tokens"] == len(expected)
+            continue
+        # The server's batched programs and the eager model may part only at a near-tie: find the first
+        # reference token whose text the answer does not continue, and check that choice's margin.
+        agree = max(i for i in range(len(expected) + 1)
+                    if text.startswith(tokenizer.decode([t for t in expected[:i] if t not in EOS])))
+        _, gap, margin = reference_choice([*ids, *expected[:agree]])
+        assert gap <= margin, (prompt, expected, text, f"diverged at {agree} with a top-two gap of {gap:.3g}")
 
 
 def test_seeded_sampling_reproduces_alone_and_among_other_requests(adaptive):
@@ -462,6 +470,9 @@ def test_seeded_sampling_reproduces_alone_and_among_other_requests(adaptive):
             return alone, crowd, others
 
     alone, crowd, others = run(go())
+    # Text only, so no near-tie allowance here: a flip would need two noised scores within the model's
+    # tolerance (about 1e-3 of their scale). The engine-level twin of this test compares token ids with
+    # that allowance (test_engine_phases.py::test_seeded_sampling_reproduces_across_different_concurrency).
     assert crowd[0] == alone and crowd[2] == alone
     assert any(text != alone for text in others), "other seeds should not all give the same sample"
 
