@@ -119,7 +119,7 @@ class Driver:
             tokens = _emit(stream, 1) if stream.prompt_left == 0 else 0
             return LaneResult(lane, prompt_consumed=lane.prompt_tokens, tokens=tokens)
         offered = lane.width - 1
-        accepted = accepted_drafts(stream.spec.acceptance, offered, self.device.rng)
+        accepted = accepted_drafts(stream.spec.acceptance_after(stream.produced), offered, self.device.rng)
         return LaneResult(lane, tokens=_emit(stream, accepted + 1), offered=offered, accepted=accepted)
 
 

@@ -454,3 +454,20 @@ def test_report_rerenders_from_its_results_json(tmp_path, monkeypatch):
     text = (out / "report.md").read_text()
     assert "## Summary" in text and "`the original command`" in text
     assert f"{report._cell(helios.output_throughput)} / {report._cell(fcfs.output_throughput)} (fcfs)" in text
+
+
+def test_the_driver_follows_an_acceptance_schedule_as_the_helios_simulator_does():
+    """All schedulers must see identical work: a trace's mid-stream acceptance change reaches the baselines
+    too (the driver once drew from the request's first acceptance model for the whole stream)."""
+    from helios.simulation_files import AcceptanceChange
+
+    changing = dataclasses.replace(request("s", 16, 50), acceptance=FixedAcceptance(0),
+                                   acceptance_schedule=(AcceptanceChange(10, FixedAcceptance(3)),))
+    result = run(tiny_catalog(), trace(changing), PrefillFirst("k3", Shapes(tiny_catalog()), FifoQueue(), FixedLength(3)))
+    produced, sizes_after = 0, []
+    for burst in result.request("s").bursts:
+        if produced >= 10:
+            sizes_after.append(burst.tokens)
+        produced += burst.tokens
+    assert produced == 50
+    assert sizes_after and all(size == 4 for size in sizes_after[:-1]), sizes_after  # 3 accepted drafts + 1
