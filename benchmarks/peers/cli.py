@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -173,6 +174,7 @@ def _idle_check(session: Session, seconds: float = 3.0) -> None:
 
 
 def _measure(session: Session, cells: list[plan.Cell], repetitions: int, data: Path) -> None:
+    load_before = os.getloadavg()[0]
     for name, server in session.up.items():
         say(f"{name}: warm-up pass ({WARMUP.num_prompts} prompts at concurrency {WARMUP.concurrency}, not timed)")
         _bench(server, WARMUP, data, session.out / f"warmup-{name}.json", session.settings.seed)
@@ -191,6 +193,9 @@ def _measure(session: Session, cells: list[plan.Cell], repetitions: int, data: P
         session.results.add(run.system, run.cell.key, document)
         say(f"run {number}/{len(runs)}: rep {run.repetition + 1} {run.cell.key} {run.system}: "
             f"{document['output_throughput']:.0f} output tok/s, {document['failed']} failed")
+    # Other work on the machine shows here; the figures are only as quiet as the machine was.
+    session.notes.append(f"load average (1 min) on {os.cpu_count()} cores: {load_before:.1f} before the "
+                         f"warm-up, {os.getloadavg()[0]:.1f} after the last run")
 
 
 def _bench(server: servers.Server, cell: plan.Cell, data: Path, out: Path, seed: int) -> dict:
