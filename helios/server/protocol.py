@@ -14,8 +14,9 @@ the int64 with the same 64 bits (the program input is int64; the sampler
 reads the bits); ``max_tokens`` defaults to 16 for completions
 (OpenAI's default) and to the rest of the context for chat; ``n`` must be 1;
 fields that would change the output in ways the engine cannot honour
-(logprobs, echo, suffix, penalties, logit_bias, tools) are refused rather
-than silently ignored.
+(logprobs, echo, suffix, penalties, logit_bias, tools, and the OpenAI and
+vLLM fields in ``UNHONOURED`` unless they carry the value that asks for
+nothing) are refused rather than silently ignored.
 
 Nothing a client sends may make the server fail: every exception while
 decoding or validating a body is a 400 (JSON nested beyond what the parser
@@ -63,6 +64,7 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # only false: refused otherwise (UNHONOURED_STREAM_OPTIONS)
 
 
 class _GenerationBody(_Body):
@@ -177,6 +179,7 @@ def parse_body(raw: bytes, model: type[BodyT]) -> BodyT:
         raise bad_request(f"The request body is not valid JSON: {cut(str(exc), 200)}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request(f"The request body must be a JSON object, got {type(data).__name__}.", code="invalid_json")
+    _refuse_unhonoured(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -184,6 +187,54 @@ def parse_body(raw: bytes, model: type[BodyT]) -> BodyT:
     except Exception as exc:  # a validator that raised something other than ValueError: still the body's fault
         log.warning("validating a request body raised %s; answering 400", type(exc).__name__, exc_info=True)
         raise bad_request(f"The request body could not be validated ({type(exc).__name__}).", code="invalid_value") from None
+
+
+# Fields of the OpenAI API and of vLLM's extensions that would change what is generated or returned,
+# which this engine does not do yet, with the values that ask for nothing (sent by clients that fill
+# in defaults). Any other value is refused with 400 unsupported_parameter rather than ignored.
+UNHONOURED: dict[str, tuple[Any, ...]] = {
+    "response_format": (None, {"type": "text"}),
+    "tool_choice": (None, "none", "auto"),
+    "min_p": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "length_penalty": (None, 1, 1.0),
+    "use_beam_search": (None, False),
+    "min_tokens": (None, 0),
+    "ignore_eos": (None, False),
+    "stop_token_ids": (None, []),
+    "include_stop_str_in_output": (None, False),
+    "prompt_logprobs": (None,),
+    "truncate_prompt_tokens": (None,),
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "structured_outputs": (None,),
+}
+UNHONOURED_STREAM_OPTIONS: dict[str, tuple[Any, ...]] = {"continuous_usage_stats": (None, False)}
+
+
+def _refuse_unhonoured(data: dict) -> None:
+    """400 ``unsupported_parameter`` for a known field the engine would not honour (``UNHONOURED``)."""
+    for name, harmless in UNHONOURED.items():
+        if name in data and not _is_one_of(data[name], harmless):
+            raise bad_request(f"Unsupported '{name}': this server does not implement it yet; omit it or send "
+                              f"{_harmless(harmless)} (got {_shown(data[name])}).", name, "unsupported_parameter")
+    options = data.get("stream_options")
+    for name, harmless in UNHONOURED_STREAM_OPTIONS.items():
+        if isinstance(options, dict) and name in options and not _is_one_of(options[name], harmless):
+            raise bad_request(f"Unsupported 'stream_options.{name}': this server does not implement it yet "
+                              f"(got {_shown(options[name])}).", f"stream_options.{name}", "unsupported_parameter")
+
+
+def _is_one_of(value: Any, harmless: tuple[Any, ...]) -> bool:
+    # type-exact: true is not 1, and 1 is not true
+    return any(type(value) is type(h) and value == h for h in harmless)
+
+
+def _harmless(values: tuple[Any, ...]) -> str:
+    return " or ".join(json.dumps(v) for v in values)
 
 
 def _refuse_constant(name: str) -> float:

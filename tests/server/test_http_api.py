@@ -633,3 +633,49 @@ def test_checkpoint_tokenizer_on_the_bundled_files():
     assert tokenizer.decode(ids) == "user\nhé\nassistant\n"
     assert tokenizer.vocab_size == len(json.loads((REPO / "ignition/models/bundled/flare-tiny/target/tokenizer.json")
                                                   .read_text())["model"]["vocab"])
+
+
+# A value of each field the engine does not honour yet, which must be refused rather than ignored.
+UNHONOURED_VALUES = {
+    "response_format": {"type": "json_object"}, "tool_choice": "required", "min_p": 0.1, "repetition_penalty": 1.2,
+    "length_penalty": 0.5, "use_beam_search": True, "min_tokens": 5, "ignore_eos": True, "stop_token_ids": [1],
+    "include_stop_str_in_output": True, "prompt_logprobs": 1, "truncate_prompt_tokens": 10,
+    "add_generation_prompt": False, "continue_final_message": True, "chat_template": "{{ messages }}",
+    "chat_template_kwargs": {"enable_thinking": False}, "guided_json": {}, "guided_regex": "a+",
+    "guided_choice": ["a"], "guided_grammar": "x", "structured_outputs": {"json": {}},
+}
+
+
+def test_every_unhonoured_field_has_a_refused_value_here():
+    from helios.server.protocol import UNHONOURED
+
+    assert set(UNHONOURED_VALUES) == set(UNHONOURED)
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("field", sorted(UNHONOURED_VALUES))
+def test_a_field_the_engine_does_not_honour_is_refused_not_ignored(served, endpoint, field):
+    body = _completion("hi") if endpoint == "/v1/completions" else {
+        "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+    with served.client() as client:
+        reply = client.post(endpoint, json={**body, field: UNHONOURED_VALUES[field]})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "unsupported_parameter" and error["param"] == field, error
+
+
+def test_unhonoured_fields_sent_with_values_that_ask_for_nothing_are_accepted(served):
+    from helios.server.protocol import UNHONOURED
+
+    defaults = {name: values[-1] for name, values in UNHONOURED.items()}  # e.g. min_p 0.0, ignore_eos false
+    with served.client() as client:
+        reply = client.post("/v1/completions", json=_completion("hi", **defaults, stream=True,
+                                                                stream_options={"continuous_usage_stats": False}))
+    assert reply.status_code == 200, reply.text
+
+
+def test_continuous_usage_stats_is_refused_not_ignored(served):
+    with served.client() as client:
+        reply = client.post("/v1/completions", json=_completion(
+            "hi", stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options.continuous_usage_stats"
