@@ -134,6 +134,7 @@ def markdown(table: dict[str, dict[str, list[Metrics]]], command: str, seeds: in
         " for latencies and VTC service differences below 1 favours Helios.", "",
     ]
     lines += summary(table)
+    lines += pareto(table)
     for workload, rows in table.items():
         lines += _workload_tables(workload, rows)
     lines += _losses(table)
@@ -151,6 +152,39 @@ def summary(table: dict[str, dict[str, list[Metrics]]]) -> list[str]:
             cells.append("-" if best is None else f"{_cell(helios)} / {_cell(best[1])} ({best[0]})")
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+# The Pareto check's figures: throughput, and the two latency tails a user feels.
+PARETO = (Column("tok/s", "output_throughput", True), Column("TTFT p99 ms", "ttft_ms.p99", False),
+          Column("ITL p99 ms", "itl_ms.p99", False))
+
+
+def dominators(rows: dict[str, list[Metrics]]) -> list[str]:
+    """Baseline configurations that dominate Helios on ``PARETO`` (means over seeds): at least as good on
+    every figure and better on one. A figure a run could not measure (NaN) dominates nothing."""
+    helios = [mean_over_seeds(c, rows[HELIOS]) for c in PARETO]
+    found = []
+    for name, runs in rows.items():
+        if name == HELIOS:
+            continue
+        other = [mean_over_seeds(c, runs) for c in PARETO]
+        if any(math.isnan(v) for v in (*helios, *other)):
+            continue
+        at_least = all((o >= h) if c.higher_is_better else (o <= h) for c, h, o in zip(PARETO, helios, other))
+        if at_least and other != helios:
+            found.append(name)
+    return found
+
+
+def pareto(table: dict[str, dict[str, list[Metrics]]]) -> list[str]:
+    """Per workload: is Helios Pareto-dominated on (throughput, TTFT p99, ITL p99), and by which baselines."""
+    lines = ["## Pareto check: baselines at least as good as Helios on tok/s, TTFT p99 and ITL p99 at once", "",
+             "| workload | dominated by |", "|---|---|"]
+    for workload, rows in table.items():
+        found = dominators(rows)
+        lines.append(f"| {workload} | {', '.join(found) if found else 'none'} |")
+    dominated = sum(bool(dominators(rows)) for rows in table.values())
+    return lines + ["", f"Helios is dominated on {dominated} of {len(table)} workloads.", ""]
 
 
 def _workload_tables(workload: str, rows: dict[str, list[Metrics]]) -> list[str]:

@@ -398,7 +398,7 @@ def test_report_quick_runs_end_to_end_without_matplotlib(tmp_path, monkeypatch, 
         assert f"## {section}" in text
     for name in ("helios", "fcfs", "sarathi-64", "sarathi-2048", "vtc", "fixed-k1", "fixed-k7", "smartspec"):
         assert f"| {name} |" in text
-    assert "Where Helios loses" in text
+    assert "Where Helios loses" in text and "## Pareto check" in text
     results = json.loads((tmp_path / "results.json").read_text())["workloads"]
     assert results["vtc-overload"]["vtc"][0]["service_difference_max"] >= 0
     assert not math.isnan(results["steady-80"]["helios"][0]["request_throughput"])
@@ -471,3 +471,28 @@ def test_the_driver_follows_an_acceptance_schedule_as_the_helios_simulator_does(
         produced += burst.tokens
     assert produced == 50
     assert sizes_after and all(size == 4 for size in sizes_after[:-1]), sizes_after  # 3 accepted drafts + 1
+
+
+def _pareto_metrics(tok_s: float, ttft_p99: float, itl_p99: float):
+    from scripts.scheduling_sim.metrics import Distribution, Metrics
+
+    def tail(p99: float) -> Distribution:
+        return Distribution(p99 / 2, p99 / 2, p99, p99, p99)
+
+    return Metrics(10, 1.0, 10.0, tok_s, 10.0, tail(ttft_p99), tail(1.0), tail(itl_p99), tail(100.0), 1.0,
+                   math.nan, math.nan)
+
+
+def test_pareto_check_names_exactly_the_baselines_at_least_as_good_on_every_figure():
+    rows = {
+        "helios": [_pareto_metrics(100, 50, 10)],
+        "better-everywhere": [_pareto_metrics(110, 40, 9)],
+        "equal-but-faster": [_pareto_metrics(100, 50, 8)],  # ties on two figures, better on one: dominates
+        "identical": [_pareto_metrics(100, 50, 10)],  # equal on all: not better anywhere, does not dominate
+        "trade-off": [_pareto_metrics(120, 60, 5)],  # higher throughput, worse TTFT: does not dominate
+        "worse": [_pareto_metrics(90, 70, 12)],
+    }
+    assert report.dominators(rows) == ["better-everywhere", "equal-but-faster"]
+    text = "\n".join(report.pareto({"w": rows, "v": {"helios": rows["helios"], "worse": rows["worse"]}}))
+    assert "| w | better-everywhere, equal-but-faster |" in text and "| v | none |" in text
+    assert "dominated on 1 of 2 workloads" in text
