@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from helios.scheduler.types import GraphDescriptor, GraphKind
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from ignition.models.checkpoint import load_checkpoint
 from ignition.models.programs import ProgramSpec, StateLayout, build_program
 

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from ignition.models.checkpoint import load_checkpoint
 from ignition.models.programs import StateLayout, build_program
 from ignition.recipes import load_recipe

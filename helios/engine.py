@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.catalog import Catalog
 from helios.detokenize import OutputText
 from helios.engine_api import (
@@ -59,20 +60,17 @@ from helios.executor import (
     takes_host_drafts,
 )
 from helios.pages import PageAllocator, PageLayout
-from helios.scheduler import Scheduler, rounds
+from helios.scheduler import Scheduler
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.core import lane_output_bound
 from helios.scheduler.types import (
     AdmitRequest,
     ExecutionTiming,
     GeneratedToken,
-    GraphDescriptor,
-    GraphKind,
     LanePhase,
     PlannedLane,
     RequestHandle,
     ScheduledPlan,
-    ValueSource,
 )
 from helios.server.tokenizer import CheckpointTokenizer
 from helios.waiting import DEFAULT_MAX_WAITING, RETRY_AFTER_S, WaitingLine
@@ -123,7 +121,7 @@ def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
     host-allocated ragged programs included, and drops device-allocated
     (prefix-limit) rounds, which need adaptive selection.
     """
-    widths = sorted({g.width for g in graphs if rounds.draws_proposals(g)})
+    widths = sorted({g.width for g in graphs if g.draws_proposals})
     if width is not None and width > 1 and width not in widths:
         raise ValueError(f"no speculative program of width {width} in the catalog; "
                          f"its widths are {', '.join(map(str, [1, *widths]))} (1 loads the ordinary programs only)")
@@ -139,7 +137,7 @@ def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
 
 def fixed_widths(graphs: Sequence[GraphDescriptor]) -> list[int]:
     """Verification widths ``fixed`` can run: those of host-allocated speculative programs, ascending."""
-    return sorted({g.width for g in graphs if rounds.draws_proposals(g) and not rounds.is_prefix_limit(g)})
+    return sorted({g.width for g in graphs if g.draws_proposals and not g.is_prefix_limit})
 
 
 def _fixed_width(graphs: Sequence[GraphDescriptor], width: int | None) -> int:
@@ -296,8 +294,8 @@ class HeliosEngine:
         self.context_length = _context_length(catalog, graphs, self.pages.layout)
         self.scheduler = Scheduler(graphs, request_slots=layout["request_slots"], policy=config.policy,
                                    speculation="fixed" if config.speculation == "off" else config.speculation)
-        self._sources = tuple(sorted({g.proposal_source for g in graphs if rounds.draws_proposals(g)}))
-        state = catalog.state.allocate(config.device)
+        self._sources = tuple(sorted({g.proposal_source for g in graphs if g.draws_proposals}))
+        state = catalog.allocate_state(config.device)
         self.executor = Executor(state, program_for or catalog.program, self._eos, config.device)
         self._events: queue.Queue = queue.Queue()
         self._work: queue.Queue = queue.Queue()
@@ -594,7 +592,7 @@ class HeliosEngine:
         """A prompt lane's prompt; a copy-source lane's prompt-lookup drafts (learned programs draw their own)."""
         if lane.phase is LanePhase.PROMPT:
             return LaneContext(live.sampling, prompt=live.request.prompt_token_ids)
-        if not (takes_host_drafts(plan.graph) and rounds.draws_proposals(plan.graph)):
+        if not (takes_host_drafts(plan.graph) and plan.graph.draws_proposals):
             return LaneContext(live.sampling)
         return LaneContext(live.sampling, drafts=prompt_lookup(live.history(), lane.query_length - 1))
 
@@ -643,7 +641,7 @@ class HeliosEngine:
         """The completion call the program's value source and sidecars ask for (spec "Planning and the execution queue")."""
         confidence = _sidecar(records, "confidence")
         survival = _sidecar(records, "survival")
-        if rounds.is_prefix_limit(plan.graph):
+        if plan.graph.is_prefix_limit:
             if survival is None:
                 return self.scheduler.complete_packed_round(fence, records, timing, confidence)
             return self.scheduler.complete_packed_round_with_survival(fence, records, timing, confidence, survival)
@@ -706,7 +704,7 @@ class HeliosEngine:
         totals[1] += timing.device_ns
         c.frames += 1
         c.device_ns += timing.device_ns
-        if not rounds.draws_proposals(plan.graph):
+        if not plan.graph.draws_proposals:
             return
         source = plan.graph.proposal_source or "learned"
         for r in records:
@@ -737,7 +735,7 @@ def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout:
     programs leave D positions of the slot free (program contract, "Learned
     proposals").
     """
-    headroom = max((g.proposal_depth for g in graphs if rounds.is_prefix_limit(g)), default=0)
+    headroom = max((g.proposal_depth for g in graphs if g.is_prefix_limit), default=0)
     return min(int(catalog.envelope.extra.get("context_length", 1 << 30)), layout.slot_capacity - headroom)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from helios.scheduler.types import GraphDescriptor, GraphKind
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.simulation_files import SIMULATED_KINDS
 
 

@@ -34,19 +34,12 @@ from dataclasses import dataclass
 
 import torch
 
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.frame_outputs import FrameOutputs, read_outputs
 from helios.ops.layout import NO_PAGE
 from helios.pages import PageAllocator, PageLayout
 from helios.scheduler import rounds
-from helios.scheduler.types import (
-    CompletionRecord,
-    ExecutionTiming,
-    GraphDescriptor,
-    GraphKind,
-    LanePhase,
-    PlannedLane,
-    ScheduledPlan,
-)
+from helios.scheduler.types import CompletionRecord, ExecutionTiming, LanePhase, PlannedLane, ScheduledPlan
 
 PROMPT_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.MIXED)
 Program = Callable[..., Mapping[str, torch.Tensor]]
@@ -174,7 +167,7 @@ def row_lengths(plan: ScheduledPlan) -> list[int]:
 def _lane_length(lane: PlannedLane, graph: GraphDescriptor) -> int:
     if lane.phase is LanePhase.PROMPT:
         return lane.prompt_tokens
-    if rounds.is_prefix_limit(graph):
+    if graph.is_prefix_limit:
         return lane.ceiling or rounds.prefix_ceiling(graph, graph.width)
     return lane.query_length
 
@@ -211,7 +204,7 @@ def _layout(plan: ScheduledPlan, lengths: Sequence[int]) -> list[BoundRow]:
         offered = length - 1 if lane.phase is LanePhase.DECODE else 0
         rows.append(BoundRow(lane, index, length, offset, offered))
         offset += length
-    if rounds.is_prefix_limit(graph):
+    if graph.is_prefix_limit:
         bound = rounds.prefix_ceiling(graph, graph.width)
         wrong = [r.query_length for r in rows if not 1 <= r.query_length <= bound]
         if wrong:

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from helios.scheduler import rounds
-from helios.scheduler.types import GraphDescriptor, LanePhase
+from flare_contract.graphs import GraphDescriptor
+from helios.scheduler.types import LanePhase
 
 
 class FrameOutputError(ValueError):
@@ -79,7 +79,7 @@ def _verified(graph: GraphDescriptor, rows: Sequence, outputs: Mapping[str, Any]
     if "verified_lens" not in outputs:
         return None
     verified = tuple(_host(graph, outputs, "verified_lens", (graph.batch_capacity,)))
-    device_allocated = rounds.is_prefix_limit(graph)
+    device_allocated = graph.is_prefix_limit
     for row in rows:
         got, asked = verified[row.row], row.query_length
         if device_allocated and row.lane.phase is LanePhase.DECODE:

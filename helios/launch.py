@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import logging
 import math
 import os
@@ -267,16 +268,26 @@ def cache_root() -> Path:
 
 def bundled_catalog(root: Path | None = None) -> Path:
     """The bundled model's catalog, captured on first use; concurrent starts capture it once."""
-    from ignition.capture.pipeline import PACKAGE_ROOT
-
     root = root or cache_root()
-    folder = root / f"{DEFAULT_RECIPE}-{_bundle_digest(PACKAGE_ROOT)}"
+    folder = root / f"{DEFAULT_RECIPE}-{_bundle_digest(ignition_root())}"
     root.mkdir(parents=True, exist_ok=True)
     with open(folder.with_name(folder.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second server waits here, then finds the catalog written
         if not (folder / "catalog.yaml").is_file():
             _capture_bundled(folder)
     return folder
+
+
+def ignition_root() -> Path:
+    """The installed ``ignition`` folder, where the bundled recipe and weights lie.
+
+    Found without importing it: capture and model code load only when a
+    capture really runs (``_capture_bundled``).
+    """
+    spec = importlib.util.find_spec("ignition")
+    if spec is None or not spec.submodule_search_locations:
+        raise LaunchError("the bundled model needs the ignition package, which is not installed")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def _bundle_digest(package_root: Path) -> str:

@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import yaml
 
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
 from helios.scheduler.policy import MAX_REQUEST_SLOTS  # spec U11: selection is bounded to 64 slots
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 SIMULATED_KINDS = (GraphKind.PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)
 PROPOSAL_SOURCES = ("learned", "copy")

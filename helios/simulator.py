@@ -27,14 +27,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from flare_contract.graphs import GraphDescriptor
 from helios.scheduler import Scheduler
-from helios.scheduler.rounds import is_prefix_limit
 from helios.scheduler.types import (
     AdmitRequest,
     CompletionRecord,
     ExecutionTiming,
     GeneratedToken,
-    GraphDescriptor,
     LanePhase,
     PlannedLane,
     PlanTrace,
@@ -275,7 +274,7 @@ class SyntheticDevice:
         lanes = plan.lanes
         lengths = [lane.query_length for lane in lanes]
         confidence = None
-        if is_prefix_limit(plan.graph):  # the same test the scheduler uses to route completions
+        if plan.graph.is_prefix_limit:  # the same test the scheduler uses to route completions
             confidence = [self._confidence(plan.graph, lane, owners[lane.handle]) for lane in lanes]
             lengths = self._allocate(plan, confidence)
         records = [self._record(lane, owners[lane.handle], length) for lane, length in zip(lanes, lengths)]

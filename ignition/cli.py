@@ -201,16 +201,14 @@ def debug_serve(
     import logging
     import sys
 
-    from helios.launch import bind_listener
-    from ignition.direct.serve import DebugServeOptions, prepare_engine, run
+    from helios.direct.serve import DebugServeOptions, prepare, run  # the one command that runs the runtime
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     with user_errors(ctx):
         if not direct:
             raise ValueError("debug-serve has one mode: pass --direct (ignition debug-serve --direct CATALOG)")
         options = DebugServeOptions(catalog, host, port, verbose, threads, trust_catalog)
-        listener = bind_listener(options.host, options.port)  # a busy port is one line, before the warm-up
-        engine = prepare_engine(options)
+        listener, engine = prepare(options)
     run(options, engine, listener)
 
 

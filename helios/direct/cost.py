@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helios.scheduler.types import CostKey
+from flare_contract.graphs import CostKey
 
 ESTIMATE_TTL_NS = 30_000_000_000  # spec, first section: reverts to unmeasured after 30 s
 KEEP = 7 / 8  # weight of the old estimate in each update

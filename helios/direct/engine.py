@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from helios.catalog import Catalog
+from helios.direct.scheduler import Decision, DirectScheduler
 from helios.engine import EngineConfig, HeliosEngine
 from helios.executor import Program
-from ignition.direct.scheduler import Decision, DirectScheduler
 
 
 class DirectEngine(HeliosEngine):

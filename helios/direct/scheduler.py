@@ -24,20 +24,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor
+from helios.direct import select
+from helios.direct.cost import MovingAverageCost
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.core import Scheduler
 from helios.scheduler.policy import Choice, GraphTiming, needs_feedback
 from helios.scheduler.service import token_normalizer
-from helios.scheduler.types import (
-    GENERATION_KINDS,
-    CostKey,
-    GraphDescriptor,
-    ScheduledPlan,
-    SelectionReason,
-)
+from helios.scheduler.types import ScheduledPlan, SelectionReason
 from helios.scheduler.utility import decision_log_scale, optimistic_work_score, prompt_lane_value, value_rate
-from ignition.direct import select
-from ignition.direct.cost import MovingAverageCost
 
 DECISIONS_KEPT = 100
 RUNNERS_UP = 8  # losers kept per decision

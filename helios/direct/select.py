@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Sequence
 
-from helios.scheduler import rounds
+from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind
 from helios.scheduler.policy import Choice, GraphTiming, Population, cumulative_gains
-from helios.scheduler.types import GENERATION_KINDS, GraphDescriptor, GraphKind, LanePhase, PlannedLane
+from helios.scheduler.types import LanePhase, PlannedLane
 from helios.scheduler.utility import (
     AdaptiveLane,
     RankedLanes,
@@ -78,7 +78,7 @@ def decode_candidates(graphs: Sequence[GraphDescriptor], timings: Sequence[Graph
     for graph, timing in zip(graphs, timings):
         if graph.kind not in GENERATION_KINDS:
             continue
-        found = (_adaptive(graph, timing, pop) if rounds.is_prefix_limit(graph)
+        found = (_adaptive(graph, timing, pop) if graph.is_prefix_limit
                  else _host_allocated(graph, timing, pop))
         if found is not None:
             out.append(found)
@@ -122,7 +122,7 @@ class _Lane:
 
 
 def _source_and_width(graph: GraphDescriptor) -> tuple[str | None, int]:
-    if not rounds.draws_proposals(graph):
+    if not graph.draws_proposals:
         return None, 1
     return graph.proposal_source or "learned", min(graph.width, graph.proposal_depth + 1)
 

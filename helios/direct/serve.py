@@ -19,11 +19,12 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from helios.catalog import load
+from helios.direct.engine import DirectEngine
+from helios.direct.scheduler import Decision
 from helios.engine import EngineConfig
+from helios.launch import bind_listener
 from helios.server.app import ServerConfig, create_app
 from helios.server.serve import DEFAULT_GRACE_S, DRAIN_MARGIN_S, DrainingServer
-from ignition.direct.engine import DirectEngine
-from ignition.direct.scheduler import Decision
 
 log = logging.getLogger("ignition.debug_serve")
 
@@ -54,6 +55,12 @@ def build_app(engine: DirectEngine, config: ServerConfig = ServerConfig()) -> Fa
 
     app.add_api_route("/debug/state", debug_state, methods=["GET"])
     return app
+
+
+def prepare(options: DebugServeOptions) -> tuple[socket.socket, DirectEngine]:
+    """Bind the port first (a busy one is one line, before the warm-up), then build the engine."""
+    listener = bind_listener(options.host, options.port)
+    return listener, prepare_engine(options)
 
 
 def prepare_engine(options: DebugServeOptions) -> DirectEngine:

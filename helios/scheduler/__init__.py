@@ -5,23 +5,20 @@ Time enters only through ``Scheduler.advance_to(now_ns)`` and the
 server, in the tests and on the simulator's discrete-event clock.
 """
 
+from flare_contract.graphs import CostKey, GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.core import Scheduler
 from helios.scheduler.types import (
     AdmitRequest,
     CompletionRecord,
-    CostKey,
     ExecutionTiming,
     Fence,
     GeneratedToken,
-    GraphDescriptor,
-    GraphKind,
     LanePhase,
     PlannedLane,
     RequestHandle,
     ScheduledPlan,
     SelectionReason,
-    ValueSource,
 )
 
 __all__ = [

@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor
 from helios.scheduler.cost import CostModel
 from helios.scheduler.policy import GraphTiming, durations_ms
 from helios.scheduler.service import DeliveryFamily, ShapeTiming, token_normalizer
-from helios.scheduler.types import GENERATION_KINDS, CostKey, GraphDescriptor
 
 
 class CatalogTiming:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Sequence
 
+from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor, GraphKind
 from helios.scheduler import policy as pol
 from helios.scheduler import rounds
 from helios.scheduler.catalog_timing import CatalogTiming
@@ -65,15 +66,11 @@ from helios.scheduler.speculation import (
     RequestAcceptance,
 )
 from helios.scheduler.types import (
-    GENERATION_KINDS,
     AdmitRequest,
     CompletionRecord,
-    CostKey,
     ExecutionTiming,
     Fence,
     GeneratedToken,
-    GraphDescriptor,
-    GraphKind,
     LanePhase,
     PlannedLane,
     PlanTrace,
@@ -687,25 +684,25 @@ class Scheduler:
         self, fence: Fence, records: Sequence[CompletionRecord], timing: ExecutionTiming
     ) -> list[GeneratedToken]:
         frame = self._oldest(fence)
-        if rounds.is_prefix_limit(frame.plan.graph):
+        if frame.plan.graph.is_prefix_limit:
             raise ValueError(f"{frame.plan.graph.id} allocates rows on the device: use complete_packed_round")
         return self._complete(frame, records, timing, None, None)
 
     def complete_with_survival(self, fence, records, timing, survival) -> list[GeneratedToken]:
         frame = self._oldest(fence)
-        if rounds.is_prefix_limit(frame.plan.graph):
+        if frame.plan.graph.is_prefix_limit:
             raise ValueError(f"{frame.plan.graph.id} allocates rows on the device: use complete_packed_round_with_survival")
         return self._complete(frame, records, timing, None, survival)
 
     def complete_packed_round(self, fence, records, timing, confidence) -> list[GeneratedToken]:
         frame = self._oldest(fence)
-        if not rounds.is_prefix_limit(frame.plan.graph):
+        if not frame.plan.graph.is_prefix_limit:
             raise ValueError(f"{frame.plan.graph.id} is host-allocated: use complete")
         return self._complete(frame, records, timing, confidence, None)
 
     def complete_packed_round_with_survival(self, fence, records, timing, confidence, survival):
         frame = self._oldest(fence)
-        if not rounds.is_prefix_limit(frame.plan.graph):
+        if not frame.plan.graph.is_prefix_limit:
             raise ValueError(f"{frame.plan.graph.id} is host-allocated: use complete_with_survival")
         return self._complete(frame, records, timing, confidence, survival)
 
@@ -749,7 +746,7 @@ class Scheduler:
     def _record_draws(self, plan: ScheduledPlan, records) -> None:
         """S12: learned proposals drawn by this round (copy rounds draw none)."""
         graph = plan.graph
-        if rounds.draws_proposals(graph) and graph.proposal_depth > 0:
+        if graph.draws_proposals and graph.proposal_depth > 0:
             lanes = sum(1 for r in records if not r.prompt_consumed)
             self.proposal_draws.record(graph.proposal_source or "learned", lanes, graph.proposal_depth)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from helios.scheduler.types import CostKey
+from flare_contract.graphs import CostKey
 
 MEDIAN_WINDOW = 9
 """Samples the fresh median is taken over (D2)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor
 from helios.scheduler import policy as pol
 from helios.scheduler.cost import CostModel
 from helios.scheduler.learning import (
@@ -43,15 +44,7 @@ from helios.scheduler.learning import (
 )
 from helios.scheduler.refresh import ExplorationAccounts, stale_alternatives
 from helios.scheduler.speculation import PrefixSurvival
-from helios.scheduler.types import (
-    GENERATION_KINDS,
-    CostKey,
-    GraphDescriptor,
-    LanePhase,
-    PlannedLane,
-    RequestHandle,
-    SelectionReason,
-)
+from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle, SelectionReason
 
 
 @dataclass(slots=True)

@@ -34,9 +34,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from flare_contract.graphs import GraphDescriptor
 from helios.scheduler.refresh import ExplorationAccounts, StaleAlternative, refresh_choice
 from helios.scheduler.speculation import PrefixSurvival, optimistic_survival
-from helios.scheduler.types import GraphDescriptor, SelectionReason
+from helios.scheduler.types import SelectionReason
 
 NS_PER_MS = 1_000_000
 

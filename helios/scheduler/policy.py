@@ -23,16 +23,8 @@ from itertools import accumulate, repeat
 from operator import attrgetter, itemgetter
 from typing import Callable, Mapping, Sequence
 
-from helios.scheduler import rounds
-from helios.scheduler.types import (
-    GENERATION_KINDS,
-    GraphDescriptor,
-    GraphKind,
-    LanePhase,
-    PlannedLane,
-    RequestHandle,
-    SelectionReason,
-)
+from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind
+from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle, SelectionReason
 from helios.scheduler.utility import (
     AdaptiveLane,
     RankedLanes,
@@ -604,7 +596,7 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
         GraphInfo(
             _proposal_source(g),
             _logical_width(g),
-            rounds.is_prefix_limit(g),
+            g.is_prefix_limit,
             (g.batch_capacity, g.width, g.target_rows, g.prefill_capacity),
         )
         for g in graphs
@@ -694,13 +686,13 @@ def _groups(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo]) -> tu
 
 def _proposal_source(graph: GraphDescriptor) -> str | None:
     """Source whose acceptance prices the graph's rows; None for width-one rows."""
-    if not rounds.draws_proposals(graph):
+    if not graph.draws_proposals:
         return None
     return graph.proposal_source or "learned"
 
 
 def _logical_width(graph: GraphDescriptor) -> int:
-    if not rounds.draws_proposals(graph):
+    if not graph.draws_proposals:
         return 1
     return min(graph.width, graph.proposal_depth + 1)
 

@@ -29,8 +29,9 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
+from flare_contract.graphs import CostKey
 from helios.scheduler.cost import CostModel
-from helios.scheduler.types import CostKey, ExecutionTiming, SelectionReason
+from helios.scheduler.types import ExecutionTiming, SelectionReason
 
 TIMING_REFRESH_SHARE = Fraction(2, 998)  # D6
 ACCEPTANCE_LEARNING_SHARE = Fraction(1, 99)  # D8: 0.01 / 0.99

@@ -2,23 +2,16 @@
 
 How many target rows a decode lane may use in one complete speculative
 program, and what it may reserve and advance while queued. Pure integer
-arithmetic; acceptance estimates and prices come from elsewhere.
+arithmetic; acceptance estimates and prices come from elsewhere. Which
+rounds are prefix-limit and which draw proposals are properties of the
+``GraphDescriptor`` itself.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
-
-
-def is_prefix_limit(graph: GraphDescriptor) -> bool:
-    """The device allocates this program's target rows within P (S2)."""
-    return (
-        graph.value_source is ValueSource.PREFIX_LIMIT
-        and graph.proposal_depth > 0
-        and graph.width > 1
-    )
+from flare_contract.graphs import GraphDescriptor
 
 
 def query_length(graph: GraphDescriptor, room: int) -> int:
@@ -49,24 +42,3 @@ def reservation_rows(ceilings: Sequence[int], draft_extent: int) -> int:
     if draft_extent < 0:
         raise ValueError(f"draft_extent must be >= 0, got {draft_extent}")
     return sum(ceilings) + draft_extent
-
-
-def is_constrained_ragged(graph: GraphDescriptor, lengths: Sequence[int]) -> bool:
-    """Whether the row budget P can bind on the best B lanes of these lengths (U9).
-
-    Host-allocated ragged programs whose P covers any B lanes at full length
-    behave exactly like rectangular ones and take the highest additive values.
-    """
-    if not graph.ragged:
-        return False
-    widest = sorted(lengths, reverse=True)[: graph.batch_capacity]
-    return sum(widest) > graph.target_rows
-
-
-def serves_decoders(graph: GraphDescriptor) -> bool:
-    return graph.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)
-
-
-def draws_proposals(graph: GraphDescriptor) -> bool:
-    """Rows wider than the pending token need proposals from some source (S4)."""
-    return graph.proposal_depth > 0 and graph.width > 1

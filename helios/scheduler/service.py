@@ -29,8 +29,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.config import PolicyConfig
-from helios.scheduler.types import Fence, GraphDescriptor, GraphKind
+from helios.scheduler.types import Fence
 
 MIN_RATE_PER_MS = 1e-12
 """Floor on x and z: a long-starved request's price grows huge, never infinite."""

@@ -19,11 +19,11 @@ wider ones at bucket 512 (= sqrt(64 * 4096)).
 
 from __future__ import annotations
 
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from ignition.capacity.buckets import balanced_prompt_bucket
 from ignition.capacity.envelope import CapacityEnvelope, CapacityError
 from ignition.capacity.separate import proposal_source
 from ignition.recipes.rules import PROMPT_ALIGNMENT, is_power_of_two
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 MIXED_BATCH_RANGE = (2, 64)  # C7: power-of-two physical rows, 2 through 64
 

@@ -10,11 +10,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from flare_contract.graphs import GraphDescriptor
 from ignition.capacity.envelope import CapacityEnvelope, CapacityOptions, check_options, resolve_envelope
 from ignition.capacity.mixed import mixed_shapes
 from ignition.capacity.separate import decode_shapes, prefill_shapes, scored_prefill_shapes, speculative_shapes
 from ignition.recipes import Recipe
-from helios.scheduler.types import GraphDescriptor
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from ignition.capacity.buckets import balanced_prompt_bucket
 from ignition.capacity.envelope import CapacityEnvelope, CapacityError
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 
 def prefill_shapes(env: CapacityEnvelope) -> tuple[GraphDescriptor, ...]:

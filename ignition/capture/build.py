@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from helios.catalog import MANIFEST_NAME, ArgSpec, Manifest, ProgramEntry, StateSpec, WeightSet, file_sha256
-from helios.scheduler.types import GraphDescriptor
+from flare_contract.graphs import GraphDescriptor
+from flare_contract.manifest import MANIFEST_NAME, ArgSpec, Manifest, ProgramEntry, StateSpec, WeightSet, file_sha256
 from ignition.capture.export import export_program
 from ignition.capture.source import CaptureSource
 from ignition.capture.staging import staged_folder

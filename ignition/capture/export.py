@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from helios.catalog import ArgSpec
+from flare_contract.manifest import ArgSpec
 
 
 class ProgramSpecLike(Protocol):

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from helios.catalog import Catalog, ProgramEntry, descriptor_to_dict, load
+from flare_contract.manifest import ProgramEntry, descriptor_to_dict
+from helios.catalog import Catalog, load
 
 
 @dataclass(frozen=True, slots=True)

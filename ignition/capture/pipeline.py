@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from helios.catalog import Envelope
+from flare_contract.manifest import Envelope
 from ignition.capacity import CapacityOptions, CapacityPlan, plan_capacity
 from ignition.capacity.plan import check_options
 from ignition.capture.build import COMPILE_MODES, CaptureError, CaptureObserver, CaptureSummary, write_catalog

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from helios.scheduler.types import GraphDescriptor
+from flare_contract.graphs import GraphDescriptor
 from ignition.capture.build import CaptureObserver, CaptureSummary
 from ignition.capture.inspect import CatalogReport
 

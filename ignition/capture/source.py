@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from helios.catalog import Envelope
-from helios.scheduler.types import GraphDescriptor
+from flare_contract.graphs import GraphDescriptor
+from flare_contract.manifest import Envelope
 from ignition.capture.export import ProgramSpecLike
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from helios.catalog import MANIFEST_NAME
+from flare_contract.manifest import MANIFEST_NAME
 
 
 class StagingError(OSError):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from helios.catalog import Envelope
-from helios.scheduler.types import GraphDescriptor, GraphKind
+from flare_contract.graphs import GraphDescriptor, GraphKind
+from flare_contract.manifest import Envelope
 from ignition.capture.source import CaptureSource
 
 SLOTS, CONTEXT, HIDDEN, VOCAB = 4, 32, 8, 16

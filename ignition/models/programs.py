@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from ignition.models.frame import FrameInputs, FrameShape, run_frame
 from ignition.models.proposals import DRAFT_PREFIX
 from ignition.models.qwen3 import Qwen3, Qwen3Config, Weights

@@ -15,7 +15,6 @@ from collections import deque
 
 from helios.scheduler import AdmitRequest, CompletionRecord, ExecutionTiming, RequestHandle, Scheduler
 from helios.scheduler.config import PolicyConfig
-from helios.scheduler.rounds import is_prefix_limit
 from helios.simulation_files import SyntheticCatalog
 from scripts.scheduling_sim.interface import Frame, FrameDone, Lane, LaneResult, Stream
 
@@ -58,7 +57,7 @@ class HeliosAdapter:
         plan = self.scheduler.plan()
         if plan is None:
             return None
-        if is_prefix_limit(plan.graph):
+        if plan.graph.is_prefix_limit:
             raise ValueError(f"{plan.graph.id}: device-allocated rounds run only in helios.simulator")
         self.fence += 1
         self.scheduler.commit(plan, self.fence)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from helios.scheduler.types import GraphDescriptor, GraphKind
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.simulation_files import TraceRequest
 
 

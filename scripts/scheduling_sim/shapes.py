@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.simulation_files import SyntheticCatalog
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.types import (
     GeneratedToken,
-    GraphDescriptor,
-    GraphKind,
     LanePhase,
     PlannedLane,
     RequestHandle,

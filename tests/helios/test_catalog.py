@@ -16,8 +16,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helios.catalog import FORMAT_VERSION, CatalogError, descriptor_from_dict, descriptor_to_dict, load
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
+from flare_contract.manifest import FORMAT_VERSION, CatalogError, descriptor_from_dict, descriptor_to_dict
+from helios.catalog import load
 from ignition.capture import write_catalog
 from ignition.capture.stand_in import (HIDDEN, StandInProgram, stand_in_inputs, stand_in_source, stand_in_state,
                                        stand_in_weights)
@@ -193,7 +194,7 @@ def test_programs_materialize_once_and_bind_by_name(catalog_dir):
 
 
 def test_state_spec_allocates_the_recorded_state(catalog_dir):
-    state = load(catalog_dir).state.allocate()
+    state = load(catalog_dir).allocate_state()
     assert set(state) == {"pending", "seq_lens", "cache"}
     assert state["seq_lens"].dtype == torch.int32 and state["cache"].shape == (4, 32, 8)
 
@@ -204,7 +205,7 @@ def test_a_fresh_process_loads_and_runs_without_importing_ignition(catalog_dir):
         import sys, torch
         from helios.catalog import load
         catalog = load({str(catalog_dir)!r})
-        state = catalog.state.allocate()
+        state = catalog.allocate_state()
         slots = torch.tensor([1], dtype=torch.int32)
         out = catalog.program("prefill_p8")(prompt_tokens=torch.arange(8), row_slots=slots, **state)
         assert int(state["seq_lens"][1]) == 8, state["seq_lens"]

@@ -20,8 +20,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from flare_contract.manifest import CatalogError, file_sha256
 from helios import launch
-from helios.catalog import CatalogError, file_sha256, load
+from helios.catalog import load
 from helios.cli import app as flare_app
 from helios.program_archive import archive_problem
 from ignition.capture import write_catalog

@@ -75,7 +75,7 @@ def replace_file(root: Path, relative: str, data: bytes) -> None:
 
 def rehash(root: Path, relative: str) -> None:
     """What an attacker does after changing a file: make the manifest's hash agree."""
-    from helios.catalog import file_sha256
+    from flare_contract.manifest import file_sha256
 
     digest = file_sha256(root / relative)
     raw = yaml.load((root / "catalog.yaml").read_text(), Loader=yaml.CSafeLoader)
@@ -250,7 +250,7 @@ def test_flare_run_refuses_a_state_larger_than_this_machine_before_allocating_it
 def test_flare_run_refuses_a_tokenizer_it_cannot_read(pristine, tmp_path, monkeypatch):
     root = damaged_copy(pristine, tmp_path / "catalog")
     replace_file(root, "tokenizer/tokenizer.json", b'{"not": "a tokenizer"}')
-    from helios.catalog import file_sha256
+    from flare_contract.manifest import file_sha256
 
     manifest(lambda r: r["tokenizer"]["files"].update({"tokenizer.json": file_sha256(root / "tokenizer/tokenizer.json")}))(root)
     monkeypatch.setattr(launch, "HeliosEngine", _NoEngine)

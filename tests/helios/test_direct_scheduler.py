@@ -14,12 +14,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from helios.direct import select
+from helios.direct.cost import MovingAverageCost
+from helios.direct.scheduler import DirectScheduler
 from helios.scheduler import CompletionRecord, ExecutionTiming, LanePhase, Scheduler, ValueSource
-from helios.scheduler import rounds
 from helios.scheduler.types import PlannedLane, ScheduledPlan, SelectionReason
-from ignition.direct import select
-from ignition.direct.cost import MovingAverageCost
-from ignition.direct.scheduler import DirectScheduler
 from tests.helios.scheduler.sched_harness import MS, ask, decode, prefill, spec
 
 EXAMPLES = 60 if os.environ.get("FLARE_TEST_SCALE") == "ci" else 300
@@ -132,7 +131,7 @@ class Twins:
         budget = [plan.graph.target_rows - len(plan.lanes)]
         records = [_record(plan, lane, accepted, budget) for lane in plan.lanes]
         timing = ExecutionTiming(int(self.durations[plan.graph] * MS), int(self.durations[plan.graph] * MS))
-        if rounds.is_prefix_limit(plan.graph):
+        if plan.graph.is_prefix_limit:
             outs = self.each(lambda s: s.complete_packed_round(self.fence, records, timing, None))
         else:
             outs = self.each(lambda s: s.complete(self.fence, records, timing))
@@ -154,7 +153,7 @@ def _record(plan, lane, accepted, budget) -> CompletionRecord:
         extra = min(rows - 1, budget[0])
         budget[0] -= extra
         rows = 1 + extra
-    offered = min(plan.graph.proposal_depth, rows - 1) if rounds.draws_proposals(plan.graph) else 0
+    offered = min(plan.graph.proposal_depth, rows - 1) if plan.graph.draws_proposals else 0
     took = min(accepted[lane.handle.slot], offered)
     return CompletionRecord(lane.handle, tokens=(5,) * min(1 + took, rows), offered=offered)
 

@@ -5,17 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.executor import Executor, LaneContext, RowSampling, bind, row_lengths
-from helios.scheduler.types import (
-    GraphDescriptor,
-    GraphKind,
-    LanePhase,
-    PlannedLane,
-    RequestHandle,
-    ScheduledPlan,
-    SelectionReason,
-    ValueSource,
-)
+from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle, ScheduledPlan, SelectionReason
 
 MIXED = GraphDescriptor("mixed_b4_w2_p64", GraphKind.MIXED, batch_capacity=4, proposal_depth=1, width=2,
                         prefill_capacity=64, ragged=True, aggregate=70, value_source=ValueSource.QUERY_LENGTH)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.engine import select_programs
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 SPEC = GraphKind.SPECULATIVE
 CATALOG = (

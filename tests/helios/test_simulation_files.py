@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from flare_contract.graphs import GraphKind, ValueSource
 from helios.scheduler.config import PolicyConfig
-from helios.scheduler.types import GraphKind, ValueSource
 from helios.simulation_files import (
     FixedAcceptance,
     SampledAcceptance,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from ignition.models.programs import StateLayout, build_program
 from ignition.models.proposals import DRAFT_PREFIX
 from ignition.models.qwen3 import PagedBatch, Qwen3, Qwen3Config

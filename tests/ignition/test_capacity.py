@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helios.scheduler.types import GraphKind, ValueSource
+from flare_contract.graphs import GraphKind, ValueSource
 from ignition.capacity import (
     CapacityEnvelope,
     CapacityError,

@@ -262,7 +262,7 @@ CI_PROGRAMS = ("prefill_p256", "decode_b4", "spec_b2_d1_w2_p4", "spec_b4_d3_w4_p
 
 def _job(catalog, gen, only: tuple[str, ...] | None) -> dict:
     """Programs of ``catalog`` (those in ``only``, if given) with a frame each, over one shared starting state."""
-    state = catalog.state.allocate()
+    state = catalog.allocate_state()
     state["k_cache"].normal_(generator=gen)
     state["v_cache"].normal_(generator=gen)
     slots = catalog.state.layout["request_slots"]

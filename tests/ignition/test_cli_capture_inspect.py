@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from helios.catalog import FORMAT_VERSION
+from flare_contract.manifest import FORMAT_VERSION
 from ignition.capture import write_catalog
 from ignition.capture.stand_in import stand_in_source
 from conftest import CLI_CAPTURE_OPTIONS

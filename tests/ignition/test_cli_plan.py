@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from helios.scheduler.types import GraphKind
+from flare_contract.graphs import GraphKind
 from ignition.capacity import CapacityOptions, plan_capacity
 from ignition.cli import app
 from ignition.recipes import load_recipe

@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helios.scheduler.types import GraphDescriptor, GraphKind
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from ignition.models.programs import ProgramSpec, StateLayout, build_program
 from ignition.models.qwen3 import PagedBatch, Qwen3, Qwen3Config
 from ignition.models.sampling import sample

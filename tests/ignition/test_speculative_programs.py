@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helios.scheduler.types import GraphKind
+from flare_contract.graphs import GraphKind
 from ignition.models.proposals import allocate
 from numerics import (assert_close_paths, assert_states_close, assert_tokens_match, chain_tolerance, decision_margins,
                       near_tie_margin, qwen3_tolerance, recorded_decisions)

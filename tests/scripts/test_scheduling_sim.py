@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from flare_contract.graphs import GraphKind
 from helios.simulation_files import (
     FixedAcceptance,
     SampledAcceptance,
@@ -19,7 +20,6 @@ from helios.simulation_files import (
     parse_catalog,
 )
 from helios.scheduler.config import PolicyConfig
-from helios.scheduler.types import GraphKind
 from helios.simulator import Burst, RequestOutcome, SimulationResult, simulate
 from scripts.scheduling_sim import report
 from scripts.scheduling_sim.baselines import DecodeFirst, PrefillFirst, baseline_specs

@@ -21,7 +21,6 @@ from helios.scheduler import (
     Scheduler,
     ValueSource,
 )
-from helios.scheduler import rounds
 
 MS = 1_000_000
 
@@ -113,7 +112,7 @@ class Driver:
         records = [self.record(plan, lane, budget) for lane in plan.lanes if self.sched.is_active(lane.handle)]
         duration = end - start
         timing = ExecutionTiming(device_ns=duration, wall_ns=duration)
-        if rounds.is_prefix_limit(plan.graph):
+        if plan.graph.is_prefix_limit:
             out = self.sched.complete_packed_round(fence, records, timing, None)
         else:
             out = self.sched.complete(fence, records, timing)
@@ -136,7 +135,7 @@ class Driver:
             extra = min(rows - 1, budget[0])
             budget[0] -= extra
             rows = 1 + extra
-        offered = min(g.proposal_depth, rows - 1) if rounds.draws_proposals(g) else 0
+        offered = min(g.proposal_depth, rows - 1) if g.draws_proposals else 0
         accepted = min(self.accepted.get(lane.handle.slot, 0), offered)
         return CompletionRecord(lane.handle, tokens=(5,) * min(1 + accepted, rows), offered=offered)
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.cost import CostModel
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 TTL = 30_000_000_000
 DECODE4 = GraphDescriptor(id="decode4", kind=GraphKind.DECODE, batch_capacity=4, estimated_duration_ns=7_000_000)

@@ -32,7 +32,6 @@ from helios.scheduler import (
     ValueSource,
 )
 from helios.scheduler import policy as pol
-from helios.scheduler import rounds
 from helios.scheduler.explore import Explorer
 from helios.scheduler.learning import ProbeLane, WidthProgram, best_probe
 from helios.scheduler.speculation import POPULATION_STEP
@@ -333,7 +332,7 @@ def _step(drv: Driver, rng: random.Random, tally: _Tally) -> bool:
     if not records and roll < 0.5:
         timing = ExecutionTiming(0, 0)  # every lane was cancelled: the engine never ran it
     tally.add(plan.reason, timing)
-    if rounds.is_prefix_limit(plan.graph):
+    if plan.graph.is_prefix_limit:
         out = drv.sched.complete_packed_round(fence, records, timing, None)
     else:
         out = drv.sched.complete(fence, records, timing)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.learning import (
     ProbeCandidate,
     ProbeLane,
@@ -21,7 +22,7 @@ from helios.scheduler.learning import (
 )
 from helios.scheduler.refresh import ExplorationAccounts, StaleAlternative
 from helios.scheduler.speculation import PrefixSurvival
-from helios.scheduler.types import ExecutionTiming, GraphDescriptor, GraphKind, SelectionReason
+from helios.scheduler.types import ExecutionTiming, SelectionReason
 
 MS = 1_000_000
 BONUS = math.sqrt(math.log(20) / 256)  # S9's optimism at the capped weight 128

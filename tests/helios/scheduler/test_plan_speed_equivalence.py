@@ -30,6 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_harness import MS, decode, mixed, spec
 
+from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind
 from helios.scheduler import policy as pol
 from helios.scheduler.catalog_timing import CatalogTiming
 from helios.scheduler.cost import CostModel
@@ -45,7 +46,7 @@ from helios.scheduler.learning import (
 )
 from helios.scheduler.service import DeliveryFamily, token_normalizer
 from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
-from helios.scheduler.types import GENERATION_KINDS, GraphDescriptor, GraphKind, LanePhase, PlannedLane, RequestHandle
+from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle
 
 MAX_DEPTH = 5
 CATALOG = [decode(1), decode(4), spec(1, 2), spec(4, 2), spec(1, 3), spec(2, 4), spec(1, 6), spec(4, 6)]

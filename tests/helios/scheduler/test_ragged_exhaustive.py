@@ -166,7 +166,7 @@ def test_S1_S2_S3_A11_round_bounds():
     assert rounds.query_length(q, room=10) == 3  # D + 1 bounds the verified prefix
     assert rounds.query_length(q, room=2) == 2  # shortened only by the request's limit
     a = spec(4, 4, aggregate=6, source=ValueSource.PREFIX_LIMIT)
-    assert rounds.is_prefix_limit(a) and not rounds.is_prefix_limit(q)
+    assert a.is_prefix_limit and not q.is_prefix_limit
     assert rounds.prefix_ceiling(a, room=9) == 4 and rounds.prefix_ceiling(a, room=3) == 3
     assert rounds.reservation_rows([4, 4, 4], draft_extent=3) == 15  # above P: every ceiling is covered
     assert rounds.queued_advance(4, spec(1, 8, aggregate=3, source=ValueSource.PREFIX_LIMIT)) == 3

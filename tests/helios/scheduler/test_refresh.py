@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flare_contract.graphs import CostKey, GraphKind
 from helios.scheduler.cost import CostModel
 from helios.scheduler.refresh import (
     AcceptanceLearningLedger,
@@ -19,7 +20,7 @@ from helios.scheduler.refresh import (
     refresh_order,
     stale_alternatives,
 )
-from helios.scheduler.types import CostKey, ExecutionTiming, GraphKind, SelectionReason
+from helios.scheduler.types import ExecutionTiming, SelectionReason
 
 ORDINARY = SelectionReason.ORDINARY
 DISCOVERY = SelectionReason.DISCOVERY

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.service import (
     COLD_TOKEN_RATE_PER_MS,
@@ -21,7 +22,6 @@ from helios.scheduler.service import (
     token_normalizer,
     utility_rate,
 )
-from helios.scheduler.types import GraphDescriptor, GraphKind, ValueSource
 
 POLICY = PolicyConfig()
 TAU = POLICY.adaptation_ms
