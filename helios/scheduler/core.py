@@ -475,9 +475,9 @@ class Scheduler:
 
         Every completion reprices every request, so this runs in full for each
         selecting plan. It is written out rather than calling ``RequestState.room``,
-        ``service.projected_rates`` and ``service.price_terms`` per request (the
-        calls were most of its cost), with the same operations in the same order,
-        so the same floats; ``Frame.terms`` holds each queued frame's part of
+        the reference projection and prices of tests/helios/scheduler/reference.py
+        per request (the calls were most of its cost), with the same operations in
+        the same order, so the same floats; ``Frame.terms`` holds each queued frame's part of
         ``blend`` that does not depend on the rate.
         """
         live = sorted([s for s in self._slots if s is not None and not (s.cancelled or s.finished)], key=_RECENCY)

@@ -176,31 +176,6 @@ def _expected_outputs(survival: Sequence[float], alpha: float) -> list[float]:
     return totals
 
 
-def probe_candidates(lane: ProbeLane, programs: Iterable[WidthProgram]) -> list[ProbeCandidate]:
-    """Every program that qualifies as an acceptance probe for ``lane``, best first (D8)."""
-    ordinary_depth, ordinary_rate, terms = _probe_terms(lane, programs)
-    return rank_probes(term_candidate(lane, ordinary_depth, ordinary_rate, t) for t in terms)
-
-
-def best_lane_probe(lane: ProbeLane, programs: Iterable[WidthProgram]) -> ProbeCandidate | None:
-    """``probe_candidates(lane, programs)[0]`` (or None), building only that candidate.
-
-    ``min`` keeps the first of equal keys, as the stable ranking does.
-    """
-    ordinary_depth, ordinary_rate, terms = _probe_terms(lane, programs)
-    if not terms:
-        return None
-    return term_candidate(lane, ordinary_depth, ordinary_rate, min(terms, key=term_rank_key))
-
-
-def _probe_terms(lane: ProbeLane, programs: Iterable[WidthProgram]) -> tuple[int, float, list[tuple]]:
-    """The ordinary depth and rate, and (program, depth, rate, gain, weight) of each qualifying program."""
-    if lane.fixed_width:
-        return 0, 0.0, []
-    return lane_probe_terms(lane.means, lane.weights, lane.remaining_output, lane.ordinary, lane.token_value,
-                            lane.alpha, programs)
-
-
 def lane_probe_terms(means: Sequence[float], weights: Sequence[float], remaining_output: int, ordinary: WidthProgram,
                      token_value: float, alpha: float,
                      programs: Iterable[WidthProgram]) -> tuple[int, float, list[tuple]]:
@@ -300,12 +275,6 @@ def term_candidate(lane: ProbeLane, ordinary_depth: int, ordinary_rate: float, t
 def rank_probes(candidates: Iterable[ProbeCandidate]) -> list[ProbeCandidate]:
     """Best first: gain per ms, then least-informed added prefix, shorter, smaller (D8)."""
     return sorted(candidates, key=ProbeCandidate.rank_key)
-
-
-def best_probe(lanes: Iterable[ProbeLane], programs: Sequence[WidthProgram]) -> ProbeCandidate | None:
-    """The single probe to fund across several lanes, or None when no lane qualifies."""
-    ranked = rank_probes(c for lane in lanes for c in probe_candidates(lane, programs))
-    return ranked[0] if ranked else None
 
 
 @dataclass(frozen=True, slots=True)

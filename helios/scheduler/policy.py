@@ -1569,8 +1569,3 @@ def evaluate_scores(
         if c is not None:
             out[index] = Evaluated(c)
     return out
-
-
-def scaled_rate(choice: Choice) -> float:
-    """The winner's score after the decision's common scaling (U7)."""
-    return choice.score * math.exp(choice.log_scale)

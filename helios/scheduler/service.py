@@ -18,7 +18,7 @@ docs/scheduling-utility.md; in short:
   fence replaces the interval's delivery update with one delivery
   (``amend_delivery``, A4). A missing delivery history is created by that
   first burst as one delivery over the frame's duration (A5).
-- Queue projection (A10) advances a *copy* (``projected``) by a queued
+- Queue projection (A10) advances a *copy* (the core's snapshot) by a queued
   frame's frozen expected service; the real history is never touched.
 - ``reference_interval_ms`` is U5's sigma = K*T/min(B, k).
 """
@@ -30,7 +30,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from flare_contract.graphs import GraphDescriptor, GraphKind
-from helios.scheduler.config import PolicyConfig
 from helios.scheduler.types import Fence
 
 MIN_RATE_PER_MS = 1e-12
@@ -54,28 +53,6 @@ def decay_factor(interval_ms: float, adaptation_ms: float) -> float:
 def blend(rate: float, served: float, interval_ms: float, decay: float) -> float:
     """One exponentially weighted step: the old rate and this interval's rate served/dt."""
     return max(decay * rate + (1.0 - decay) * served / interval_ms, MIN_RATE_PER_MS)
-
-
-@dataclass(frozen=True, slots=True)
-class Prices:
-    """Value per unit of service for one request, in prompt-token value units (U3)."""
-
-    prefill_token: float  # 1 + f/x
-    output_token: float  # beta + f/x
-    delivery: float  # g/z; only decoders earn deliveries
-
-
-@dataclass(frozen=True, slots=True)
-class FrameService:
-    """Service one frame gives one request: counted tokens and deliveries over its duration.
-
-    Used for the queue projection (A10): the core freezes each queued lane's
-    expected tokens and delivery at commit and projects them here.
-    """
-
-    tokens: float
-    deliveries: float
-    duration_ms: float
 
 
 @dataclass(slots=True)
@@ -107,20 +84,6 @@ class ServiceHistory:
         if not token_rate > 0 or not math.isfinite(token_rate):
             raise ValueError(f"a starting token rate must be positive and finite, got {token_rate!r}")
         return cls(token_rate=token_rate)
-
-    def prices(self, policy: PolicyConfig, *, delivery_fallback_rate: float) -> Prices:
-        """Current prices. ``delivery_fallback_rate`` stands in for a missing z.
-
-        A decoder only lacks z while its first visible output is still
-        buffered; the core passes 1/sigma (U5), the delivery rate a fair
-        share of the catalog would give it.
-        """
-        congestion, delivery = price_terms(policy, self.token_rate, self.delivery_rate, delivery_fallback_rate)
-        return Prices(
-            prefill_token=1.0 + congestion,
-            output_token=policy.output_token_value + congestion,
-            delivery=delivery,
-        )
 
     def record_interval(self, fence: Fence, tokens: float, interval_ms: float, adaptation_ms: float) -> None:
         """Fold one measured interval of real service into the history (A3, A4).
@@ -156,45 +119,6 @@ class ServiceHistory:
             self.delivery_rate = blend(note.delivery_before, 1.0, note.interval_ms, note.decay)
         return True
 
-    def projected(self, service: FrameService, adaptation_ms: float) -> "ServiceHistory":
-        """A copy advanced by one queued frame's expected service (A10); self is untouched.
-
-        The reference for the core's snapshot, which writes this arithmetic out
-        per request (``Frame.terms``); the A10 tests compare the two.
-        """
-        decay = decay_factor(service.duration_ms, adaptation_ms)
-        token_rate, delivery_rate = projected_rates(self.token_rate, self.delivery_rate, service, decay)
-        return ServiceHistory(token_rate=token_rate, delivery_rate=delivery_rate)
-
-
-def price_terms(policy: PolicyConfig, token_rate: float, delivery_rate: float | None,
-                delivery_fallback_rate: float) -> tuple[float, float]:
-    """(f/x, g/z) of ``ServiceHistory.prices`` from bare rates; planning reads them for every request."""
-    z = delivery_rate if delivery_rate is not None else delivery_fallback_rate
-    return policy.token_fairness / token_rate, policy.delivery_fairness / max(z, MIN_RATE_PER_MS)
-
-
-def projected_rates(token_rate: float, delivery_rate: float | None, service: FrameService,
-                    decay: float) -> tuple[float, float | None]:
-    """(x, z) advanced by one queued frame's expected service (A10), without building a history."""
-    x = blend(token_rate, service.tokens, service.duration_ms, decay)
-    if delivery_rate is not None:
-        return x, blend(delivery_rate, service.deliveries, service.duration_ms, decay)
-    if service.deliveries > 0:
-        return x, service.deliveries / service.duration_ms  # A5's first-burst rule
-    return x, None
-
-
-def utility_rate(token_rate: float, delivery_rate: float | None, token_value: float, policy: PolicyConfig) -> float:
-    """One request's stationary utility rate v*x + f*log x (+ g*log z for decoders).
-
-    The prices are its partial derivatives: d/dx = v + f/x, d/dz = g/z.
-    ``token_value`` is 1 for prompt tokens and beta for output tokens.
-    """
-    utility = token_value * token_rate + policy.token_fairness * math.log(token_rate)
-    if delivery_rate is not None:
-        utility += policy.delivery_fairness * math.log(delivery_rate)
-    return utility
 
 
 # ---------------------------------------------------------------------------

@@ -33,8 +33,9 @@ from helios.scheduler import (
 )
 from helios.scheduler import policy as pol
 from helios.scheduler.explore import Explorer
-from helios.scheduler.learning import ProbeLane, WidthProgram, best_probe
+from helios.scheduler.learning import ProbeLane, WidthProgram
 from helios.scheduler.speculation import POPULATION_STEP
+from tests.helios.scheduler.reference import best_probe
 
 SCALE_CI = os.environ.get("FLARE_TEST_SCALE") == "ci"
 REFRESH = SelectionReason.TIMING_REFRESH

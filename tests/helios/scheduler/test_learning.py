@@ -14,15 +14,13 @@ from helios.scheduler.learning import (
     ProbeCandidate,
     ProbeLane,
     WidthProgram,
-    best_lane_probe,
-    best_probe,
     choose_exploration,
-    probe_candidates,
     rank_probes,
 )
 from helios.scheduler.refresh import ExplorationAccounts, StaleAlternative
 from helios.scheduler.speculation import PrefixSurvival
 from helios.scheduler.types import ExecutionTiming, SelectionReason
+from tests.helios.scheduler.reference import best_lane_probe, best_probe, probe_candidates
 
 MS = 1_000_000
 BONUS = math.sqrt(math.log(20) / 256)  # S9's optimism at the capped weight 128

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from helios.scheduler.learning import ProbeLane, WidthProgram, probe_candidates
+from helios.scheduler.learning import ProbeLane, WidthProgram
 from helios.scheduler.refresh import ExplorationAccounts
 from helios.scheduler.speculation import CompletedRound, OutputBounds, RequestAcceptance
 from helios.scheduler.types import ExecutionTiming, SelectionReason
+from tests.helios.scheduler.reference import probe_candidates
 
 MS = 1_000_000
 LADDER = (

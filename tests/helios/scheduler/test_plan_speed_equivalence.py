@@ -39,7 +39,6 @@ from helios.scheduler.learning import (
     ProbeLane,
     WidthProgram,
     best_priced_term,
-    best_probe,
     priced_probe_terms,
     probe_basis,
     term_rank_key,
@@ -47,6 +46,7 @@ from helios.scheduler.learning import (
 from helios.scheduler.service import DeliveryFamily, token_normalizer
 from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
 from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle
+from tests.helios.scheduler.reference import best_probe
 
 MAX_DEPTH = 5
 CATALOG = [decode(1), decode(4), spec(1, 2), spec(4, 2), spec(1, 3), spec(2, 4), spec(1, 6), spec(4, 6)]

@@ -15,6 +15,7 @@ from sched_harness import MS, Driver, ask, decode, measured, mixed, prefill, spe
 from helios.scheduler import GraphKind, LanePhase, PolicyConfig, RequestHandle, SelectionReason, ValueSource
 from helios.scheduler import policy as pol
 from helios.scheduler.utility import value_rate
+from tests.helios.scheduler.reference import scaled_rate
 
 PREFILLS = {prefill(c): 2.0 + c * 0.008 for c in (64, 256, 1024, 4096)}
 DECODES = {decode(b): 3.0 + 0.1 * b for b in (1, 2, 4, 8, 16)}
@@ -89,7 +90,7 @@ def test_U7_common_scale_factor_and_invariance():
     big = choose({D1: 3.0, D2: 3.5}, decoders([1e200, 2e200, 3e200]))
     assert small.graph is big.graph and [l.handle for l in small.lanes] == [l.handle for l in big.lanes]
     for c in (small, big):
-        scaled = pol.scaled_rate(c)
+        scaled = scaled_rate(c)
         assert 0.25 <= abs(scaled) <= 1.0  # within a factor of two of one after scaling
         assert scaled == pytest.approx(c.score * math.exp(c.log_scale))
 
@@ -104,7 +105,7 @@ def test_U7_scale_comes_from_the_winning_score_alone():
     loser = choose({D2: 4000.0}, dec, active=active)
     assert with_loser.graph is D1 and loser.score < -abs(alone.score) * 4  # the loser is far larger in magnitude
     assert with_loser.log_scale == alone.log_scale == pol.decision_log_scale(abs(alone.score))
-    assert 0.5 <= abs(pol.scaled_rate(with_loser)) < 1.0 + 1e-12
+    assert 0.5 <= abs(scaled_rate(with_loser)) < 1.0 + 1e-12
 
 
 def test_U14_no_decoder_no_age_term_and_largest_full_prefill_wins():

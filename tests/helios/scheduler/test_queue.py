@@ -6,7 +6,6 @@ import pytest
 from sched_harness import MS, Driver, ask, decode, measured, prefill, spec
 from test_core_lifecycle import TIMING, commit_next, decoding, prompt_records
 
-from helios.scheduler.service import FrameService
 from helios.scheduler import (
     CompletionRecord,
     ExecutionTiming,
@@ -16,6 +15,8 @@ from helios.scheduler import (
     SelectionReason,
     ValueSource,
 )
+from tests.helios.scheduler import reference
+from tests.helios.scheduler.reference import FrameService
 
 P64, P512, D1, D2 = prefill(64), prefill(512), decode(1), decode(2)
 
@@ -87,9 +88,9 @@ def test_A10_projection_uses_expected_delivery_and_leaves_history_alone():
     assert credit[served] == 0.0  # its queued frame is expected to deliver exactly at the planning start
     assert credit[other] > 0.0
     history = s._slots[served.slot].service
-    projected = history.projected(FrameService(1.0, 1.0, 3.0), 100.0).prices(s.policy, delivery_fallback_rate=1.0)
+    projected = reference.prices(reference.projected(history, FrameService(1.0, 1.0, 3.0), 100.0), s.policy, delivery_fallback_rate=1.0)
     assert price[served] == pytest.approx(projected.output_token)
-    assert price[served] != history.prices(s.policy, delivery_fallback_rate=1.0).output_token
+    assert price[served] != reference.prices(history, s.policy, delivery_fallback_rate=1.0).output_token
     assert s.request_view(served).token_rate == real  # projection never touches real history
 
 

@@ -14,14 +14,14 @@ from helios.scheduler.config import PolicyConfig
 from helios.scheduler.service import (
     COLD_TOKEN_RATE_PER_MS,
     DeliveryFamily,
-    FrameService,
     ServiceHistory,
     ShapeTiming,
     fair_token_rate,
     reference_interval_ms,
     token_normalizer,
-    utility_rate,
 )
+from tests.helios.scheduler import reference
+from tests.helios.scheduler.reference import FrameService, utility_rate
 
 POLICY = PolicyConfig()
 TAU = POLICY.adaptation_ms
@@ -33,14 +33,14 @@ def _history(x=2.0, z=None):
 
 def test_U3_prices():
     policy = PolicyConfig(output_token_value=64, token_fairness=16, delivery_fairness=4)
-    prices = _history(x=0.5, z=0.1).prices(policy, delivery_fallback_rate=1.0)
+    prices = reference.prices(_history(x=0.5, z=0.1), policy, delivery_fallback_rate=1.0)
     assert prices.prefill_token == pytest.approx(1 + 16 / 0.5)
     assert prices.output_token == pytest.approx(64 + 16 / 0.5)
     assert prices.delivery == pytest.approx(4 / 0.1)
 
 
 def test_U3_missing_delivery_history_uses_the_fallback_rate():
-    prices = _history(z=None).prices(POLICY, delivery_fallback_rate=0.05)
+    prices = reference.prices(_history(z=None), POLICY, delivery_fallback_rate=0.05)
     assert prices.delivery == pytest.approx(POLICY.delivery_fairness / 0.05)
 
 
@@ -52,7 +52,7 @@ def test_U3_missing_delivery_history_uses_the_fallback_rate():
 def test_U3_prices_are_the_gradients_of_the_utility_rate(x, z, phase):
     """Numeric partial derivatives of v*x + f log x + g log z match the stored prices."""
     value = 1.0 if phase == "prompt" else POLICY.output_token_value
-    prices = _history(x, z).prices(POLICY, delivery_fallback_rate=1.0)
+    prices = reference.prices(_history(x, z), POLICY, delivery_fallback_rate=1.0)
     hx, hz = x * 1e-6, z * 1e-6
     d_x = (utility_rate(x + hx, z, value, POLICY) - utility_rate(x - hx, z, value, POLICY)) / (2 * hx)
     d_z = (utility_rate(x, z + hz, value, POLICY) - utility_rate(x, z - hz, value, POLICY)) / (2 * hz)
@@ -63,7 +63,7 @@ def test_U3_prices_are_the_gradients_of_the_utility_rate(x, z, phase):
 
 def test_U4_prompt_and_output_prices_share_one_token_history():
     """A phase change keeps the request's token congestion price (physical units, one x)."""
-    prices = _history(x=0.25).prices(POLICY, delivery_fallback_rate=1.0)
+    prices = reference.prices(_history(x=0.25), POLICY, delivery_fallback_rate=1.0)
     assert prices.output_token - POLICY.output_token_value == pytest.approx(prices.prefill_token - 1.0)
 
 
@@ -98,9 +98,9 @@ def test_A3_splitting_an_interval_does_not_change_the_history(x, rate, interval_
 
 def test_A3_unserved_participants_decay_so_their_price_rises():
     history = _history(x=2.0, z=0.1)
-    before = history.prices(POLICY, delivery_fallback_rate=1.0)
+    before = reference.prices(history, POLICY, delivery_fallback_rate=1.0)
     history.record_interval(7, 0, TAU * math.log(2), TAU)
-    after = history.prices(POLICY, delivery_fallback_rate=1.0)
+    after = reference.prices(history, POLICY, delivery_fallback_rate=1.0)
     assert history.token_rate == pytest.approx(1.0)
     assert history.delivery_rate == pytest.approx(0.05)
     # the congestion part of the price doubles every tau*ln 2 without service
@@ -111,7 +111,7 @@ def test_A3_unserved_participants_decay_so_their_price_rises():
 def test_A3_long_starvation_keeps_prices_finite():
     history = _history(x=2.0, z=0.1)
     history.record_interval(1, 0, 1e9, TAU)
-    prices = history.prices(POLICY, delivery_fallback_rate=1.0)
+    prices = reference.prices(history, POLICY, delivery_fallback_rate=1.0)
     assert math.isfinite(prices.prefill_token) and math.isfinite(prices.delivery)
 
 
@@ -149,7 +149,7 @@ def test_A10_projection_leaves_the_real_history_untouched():
     history = _history(x=2.0, z=0.1)
     history.record_interval(9, 1, 10.0, TAU)
     snapshot = (history.token_rate, history.delivery_rate, history.last_interval)
-    projected = history.projected(FrameService(tokens=4, deliveries=1, duration_ms=12.0), TAU)
+    projected = reference.projected(history, FrameService(tokens=4, deliveries=1, duration_ms=12.0), TAU)
     assert (history.token_rate, history.delivery_rate, history.last_interval) == snapshot
     assert projected is not history and projected.token_rate != history.token_rate
     assert history.amend_delivery(9)  # the real interval can still be amended
@@ -164,7 +164,7 @@ def test_A10_projection_leaves_the_real_history_untouched():
 def test_A10_projection_matches_the_update_the_completion_would_make(x, z, tokens, duration_ms):
     """Projecting a frame that delivers = recording it and publishing its burst."""
     real = _history(x, z)
-    projected = real.projected(FrameService(tokens, 1, duration_ms), TAU)
+    projected = reference.projected(real, FrameService(tokens, 1, duration_ms), TAU)
     real.record_interval(1, tokens, duration_ms, TAU)
     real.amend_delivery(1)
     assert projected.token_rate == pytest.approx(real.token_rate)
