@@ -104,15 +104,6 @@ class Recipe:
     source: Path | None = None  # the YAML file it came from (set by the loader)
 
     @property
-    def needs_model_flag(self) -> bool:
-        return self.target.checkpoint is None
-
-    @property
-    def is_resolved(self) -> bool:
-        """True once the target's dimensions are known (declared or read)."""
-        return self.target.dimensions is not None
-
-    @property
     def dims(self) -> ModelDims:
         if self.target.dimensions is None:
             raise RecipeError(
