@@ -72,7 +72,7 @@ from helios.scheduler.types import (
     RequestHandle,
     ScheduledPlan,
 )
-from helios.server.tokenizer import CheckpointTokenizer
+from helios.tokenizer import CheckpointTokenizer
 from helios.waiting import DEFAULT_MAX_WAITING, RETRY_AFTER_S, WaitingLine
 
 log = logging.getLogger(__name__)

@@ -79,3 +79,11 @@ print(sorted(m for m in sys.modules if m.startswith(("ignition.capture", "igniti
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_only_the_server_package_and_the_launcher_reach_the_server_package():
+    """The engine, executor, scheduler and the rest of helios never depend on the HTTP layer (issue 19,
+    part 5): ``flare run``'s launcher and CLI start the server, the server imports the engine, not back."""
+    users = {where for where, module in imports("helios")
+             if module.startswith("helios.server") and not where.startswith("helios/server/")}
+    assert users <= {"helios/launch.py", "helios/cli.py", "helios/direct/serve.py"}, users

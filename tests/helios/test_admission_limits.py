@@ -26,7 +26,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from helios.engine import EngineConfig, HeliosEngine
 from helios.engine_api import EngineOverloaded, GenerationRequest, QueueTimeout, SamplingParams, fewest_tokens
 from helios.server.serve import body_limit
-from helios.server.tokenizer import CheckpointTokenizer, max_token_bytes
+from helios.tokenizer import CheckpointTokenizer, max_token_bytes
 from helios.waiting import WaitingLine
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -28,7 +28,7 @@ from helios.engine_api import (
     RequestRejected,
     TextDelta,
 )
-from helios.server.chat_template import ChatTemplate
+from helios.chat_template import ChatTemplate
 
 EOS = 256
 FAKE_TEMPLATE = (

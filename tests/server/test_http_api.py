@@ -24,7 +24,7 @@ from server_process import serving_in_thread
 from helios.engine_api import EngineStats, ExecutionTotals, FinishReason, SpeculativeTotals
 from helios.engine_api import ChatTemplateError
 from helios.server.app import INLINE_PREPARE_BYTES, ServerConfig
-from helios.server.chat_template import ChatTemplate
+from helios.chat_template import ChatTemplate
 from helios.server.serve import DrainingServer, uvicorn_server
 
 CONTEXT = 128
@@ -621,7 +621,7 @@ def test_fake_engine_byte_rules():
 
 def test_checkpoint_tokenizer_on_the_bundled_files():
     from helios.engine_api import EngineTokenizer
-    from helios.server.tokenizer import CheckpointTokenizer
+    from helios.tokenizer import CheckpointTokenizer
 
     tokenizer = CheckpointTokenizer.from_folder(REPO / "ignition/models/bundled/flare-tiny/target")
     assert isinstance(tokenizer, EngineTokenizer)

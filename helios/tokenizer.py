@@ -21,7 +21,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from helios.engine_api import ChatTemplateError
-from helios.server.chat_template import ChatTemplate
+from helios.chat_template import ChatTemplate
 
 
 class CheckpointTokenizer:
