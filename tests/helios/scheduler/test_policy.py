@@ -129,6 +129,21 @@ def test_U8_unknown_beats_known_with_an_optimistic_finite_score():
     assert choice.score == pytest.approx(6.0) and math.isfinite(choice.score)
 
 
+def test_U8_unknown_beats_known_even_when_its_optimistic_score_is_lower():
+    """The rule itself, not the size of the scores, must decide: the measured D1 earns 5 value
+    in 0.1 ms (a rate of 50), far above the unmeasured D2's optimistic work score of 6, and the
+    unmeasured program still wins. Under score-only ranking D1 would win."""
+    dec = decoders([5.0, 1.0])
+    known_alone = choose({D1: 0.1}, dec)
+    unknown_alone = choose({D2: None}, dec)
+    assert known_alone.score == pytest.approx(50.0) and unknown_alone.score == pytest.approx(6.0)
+    assert known_alone.score > unknown_alone.score  # on scores alone the measured program wins
+    for order in ({D1: 0.1, D2: None}, {D2: None, D1: 0.1}):  # catalog order does not decide it
+        choice = choose(order, dec)
+        assert choice.graph is D2 and choice.reason is SelectionReason.DISCOVERY
+        assert choice.score == pytest.approx(6.0)
+
+
 def test_U8_ties_prefer_shorter_known_time():
     fast = choose({D2: 3.0, D1: 1.5}, decoders([4.0, 4.0]))  # one lane in half the time: equal rate
     assert fast.graph is D1
