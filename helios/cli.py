@@ -37,8 +37,6 @@ def run(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless told otherwise)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     policy: str = typer.Option("balanced", "--scheduler-policy", help="balanced | throughput."),
-    terminal_value: Optional[float] = typer.Option(None, "--scheduler-terminal-value", help="Finite, >= 0 (0 disables)."),
-    terminal_age_price: Optional[float] = typer.Option(None, "--scheduler-terminal-age-price", help="Finite, >= 0."),
     alpha: Optional[float] = typer.Option(None, "--mtp-adaptive-verification-alpha", help="Finite, > 0."),
     speculation: str = typer.Option("adaptive", "--speculation", help="off | fixed | adaptive."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this bearer token (or set FLARE_API_KEY)."),
@@ -62,7 +60,7 @@ def run(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        options = RunOptions(catalog, host, port, policy, terminal_value, terminal_age_price, alpha, speculation,
+        options = RunOptions(catalog, host, port, policy, alpha, speculation,
                              api_key, threads, speculative_width, dump_estimates, trust_catalog=trust_catalog,
                              max_waiting=max_waiting, queue_timeout=queue_timeout)
         serve_catalog(options)

@@ -51,8 +51,6 @@ class RunOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     policy: str = "balanced"
-    terminal_value: float | None = None
-    terminal_age_price: float | None = None
     alpha: float | None = None
     speculation: str = "adaptive"
     api_key: str | None = None
@@ -66,10 +64,6 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.policy not in POLICY_PRESETS:
             raise LaunchError(f"--scheduler-policy {self.policy!r} is unknown; use one of {', '.join(POLICY_PRESETS)}")
-        for flag, value in (("--scheduler-terminal-value", self.terminal_value),
-                            ("--scheduler-terminal-age-price", self.terminal_age_price)):
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise LaunchError(f"{flag} must be a finite number >= 0 (0 disables it), got {value}")
         if self.alpha is not None and not (math.isfinite(self.alpha) and self.alpha > 0):
             raise LaunchError(f"--mtp-adaptive-verification-alpha must be a finite number > 0, got {self.alpha}")
         if self.speculation not in SPECULATION_MODES:
@@ -90,9 +84,7 @@ class RunOptions:
                               "does not exist")
 
     def policy_config(self) -> PolicyConfig:
-        return PolicyConfig.preset(self.policy, terminal_value=self.terminal_value,
-                                   terminal_age_price=self.terminal_age_price,
-                                   adaptive_verification_alpha=self.alpha)
+        return PolicyConfig.preset(self.policy, adaptive_verification_alpha=self.alpha)
 
     def engine_config(self, catalog: Catalog) -> EngineConfig:
         """Threads default to every core: the device worker's program calls are the hot path."""

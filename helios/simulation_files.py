@@ -370,10 +370,20 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     return Trace(policy=policy, seed=seed, requests=requests, speculation=speculation)
 
 
+# PolicyConfig fields nothing reads yet: they price terminal snapshots (spec P6), which do not run.
+INERT_POLICY_FIELDS = ("terminal_value", "terminal_age_price")
+
+
 def _parse_policy(entry: _Entry) -> PolicyConfig:
     preset = entry.choice("preset", POLICY_PRESETS, "balanced")
+    for name in INERT_POLICY_FIELDS:
+        if entry.raw(name, None) is not None:
+            entry.fail(name, "prices terminal snapshots, which the scheduler does not run yet (spec P6), so it "
+                             "would change nothing; leave it out")
     overrides = {}
     for f in fields(PolicyConfig):
+        if f.name in INERT_POLICY_FIELDS:
+            continue
         read = entry.integer if f.type == "int" else entry.number
         value = read(f.name, None)
         if value is not None:
@@ -480,7 +490,7 @@ def _graph_to_dict(graph: SyntheticGraph) -> dict[str, Any]:
 def trace_to_dict(trace: Trace) -> dict[str, Any]:
     return {
         "seed": trace.seed,
-        "policy": _as_dict(trace.policy),
+        "policy": {k: v for k, v in _as_dict(trace.policy).items() if k not in INERT_POLICY_FIELDS},
         "requests": [_request_to_dict(r) for r in trace.requests],
         "speculation": trace.speculation,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ CATALOG = {
 
 TRACE = {
     "seed": 7,
-    "policy": {"preset": "throughput", "terminal_value": 10},
+    "policy": {"preset": "throughput", "token_fairness": 10},
     "requests": [
         {"id": "a", "arrival_ms": 0, "prompt_tokens": 64, "max_tokens": 32, "accepted_drafts": 3},
         {"id": "b", "arrival_ms": 2.5, "prompt_tokens": 640, "max_tokens": 8, "acceptance": [0.9, 0.6, 0.2]},
@@ -71,7 +72,7 @@ def test_request_slots_default_to_widest_batch():
 def test_trace_loads_policy_acceptance_models_and_defaults():
     trace = parse_trace(TRACE, "trace.yaml")
     assert trace.seed == 7
-    assert trace.policy == PolicyConfig.preset("throughput", terminal_value=10)
+    assert trace.policy == dataclasses.replace(PolicyConfig.preset("throughput"), token_fairness=10)
     a, b, c = trace.requests
     assert a.acceptance == FixedAcceptance(3) and a.arrival_ns == 0
     assert b.acceptance == SampledAcceptance((0.9, 0.6, 0.2)) and b.arrival_ns == 2_500_000
@@ -189,3 +190,10 @@ def test_example_files_load():
     catalog = load_catalog(EXAMPLES / "catalog.yaml")
     trace = load_trace(EXAMPLES / "trace.yaml")
     assert len(catalog.graphs) >= 10 and len(trace.requests) >= 3
+
+
+@pytest.mark.parametrize("field", ["terminal_value", "terminal_age_price"])
+def test_policy_fields_nothing_reads_yet_are_refused_naming_the_field(field):
+    """No terminal snapshots run (spec P6), so a trace asking to price them would silently change nothing."""
+    with pytest.raises(SimulationFileError, match=f"field '{field}'.*terminal snapshots"):
+        parse_trace({**TRACE, "policy": {"preset": "balanced", field: 3}}, "trace.yaml")

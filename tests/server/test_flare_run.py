@@ -140,8 +140,6 @@ def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(requ
 
 @pytest.mark.parametrize("flags, complaint", [
     ({"alpha": 0.0}, "> 0"),
-    ({"terminal_value": -1.0}, ">= 0"),
-    ({"terminal_age_price": float("inf")}, "finite"),
     ({"speculation": "sometimes"}, "off, fixed, adaptive"),
     ({"policy": "fastest"}, "balanced, throughput"),
     ({"threads": 0}, "--threads"),
