@@ -85,6 +85,86 @@ def test_U6_objective_matches_the_formula():
     assert choice.score == pytest.approx(served / 8 - 4 * 0.3)
 
 
+M64, M1024 = mixed(2, 64), mixed(2, 1024)
+
+
+@pytest.mark.parametrize("name, fast, slow, dec, prm, active", [
+    # sixteen unit decoders: one lane in 1 ms (rate 1) or all sixteen in 10 ms (rate 1.6)
+    ("decode", (D1, 1.0), (D16, 10.0), lambda: decoders([1.0] * 16), lambda: None, 0.2),
+    # the same with per-lane age slopes that differ (each program ranks its own lanes)
+    ("decode, unequal slopes", (D1, 1.0), (D16, 10.0),
+     lambda: _with_slopes(decoders([1.0] * 16), [0.0, 0.001] * 8), lambda: None, 0.2),
+    # a 1024-token prompt: 64 tokens in 1 ms (rate 64) or all of it in 10 ms (rate 102.4)
+    ("prefill", (P64, 1.0), (P1024, 10.0), lambda: None, lambda: prompters([1024]), 10.0),
+    # the same prompt row beside one unit decoder, in mixed programs
+    ("mixed", (M64, 1.0), (M1024, 10.0), lambda: decoders([1.0]), lambda: prompters([1024]), 10.0),
+])
+def test_U6_waiting_cost_of_active_decoders_sends_the_decision_to_the_shorter_program(
+        name, fast, slow, dec, prm, active):
+    """U6 charges T/2 * sum(c) for every active decoder, served or not: a long program makes
+    them all wait. Without that term the slow program has the higher rate and wins; with it
+    the short one does, and each score is value / T - T/2 * sum(c) exactly."""
+    (fast_graph, fast_ms), (slow_graph, slow_ms) = fast, slow
+    graphs = {fast_graph: fast_ms, slow_graph: slow_ms}
+    free = choose(graphs, dec(), prm(), active=0.0)
+    assert free.graph is slow_graph  # no waiting cost: the higher value rate
+    charged = choose(graphs, dec(), prm(), active=active)
+    assert charged.graph is fast_graph
+    for graph, ms in graphs.items():
+        alone_free = choose({graph: ms}, dec(), prm(), active=0.0)
+        alone = choose({graph: ms}, dec(), prm(), active=active)
+        assert alone.score == pytest.approx(alone_free.score - ms / 2 * active)
+
+
+def _with_slopes(d: pol.Decoders, slopes) -> pol.Decoders:
+    d.age_slope[:] = slopes
+    return d
+
+
+def _plan_score(plan) -> float:
+    """The plan's objective before the decision's common scaling (U7)."""
+    return plan.scaled_value_rate / math.exp(plan.log_scale)
+
+
+def _served_value(plan, population: pol.Population) -> float:
+    """U6's numerator for ``plan``'s lanes, from the prices the scheduler put in ``population``."""
+    t_ms = plan.estimated_duration_ns / MS
+    d, p = population.decoders, population.prompters
+    total = 0.0
+    for lane in plan.lanes:
+        if lane.phase is LanePhase.PROMPT:
+            i = p.handle.index(lane.handle)
+            total += lane.prompt_tokens * p.price[i] + (p.first_token[i] if lane.finishes_prompt else 0.0)
+        else:
+            i = d.handle.index(lane.handle)
+            total += (lane.expected_tokens * d.token_price[i] + d.delivery_price[i]
+                      + d.age_credit[i] + d.age_slope[i] * t_ms)
+    return total
+
+
+def test_U6_U14_the_scheduler_charges_every_active_decoder_and_no_prompter():
+    """Three decoders and D1, which serves one of them: the plan still pays T/2 * c for all
+    three (U6). A fourth request that is still prefilling adds no waiting cost (U14): its
+    prefill plan pays for the same three decoders, not four."""
+    c = PolicyConfig().decode_age_price
+    durations = {P64: 4.0, D1: 3.0}
+    s = measured(durations)
+    driver = Driver(s, durations)
+    streams = [driver.admit(ask(64, 500)) for _ in range(3)]
+    while any(s.request_view(h).phase is LanePhase.PROMPT for h in streams):
+        driver.step()
+    assert not driver.queue
+    for late_prompt in (False, True):
+        if late_prompt:
+            driver.admit(ask(64, 500))
+        plan = s.plan()
+        assert plan.graph is (P64 if late_prompt else D1) and len(plan.lanes) == 1
+        population = s._population(s.now_ns, s._timings())
+        t_ms = plan.estimated_duration_ns / MS
+        expected = _served_value(plan, population) / t_ms - t_ms / 2 * (3 * c)
+        assert _plan_score(plan) == pytest.approx(expected, rel=1e-12)
+
+
 def test_U7_common_scale_factor_and_invariance():
     small = choose({D1: 3.0, D2: 3.5}, decoders([1.0, 2.0, 3.0]))
     big = choose({D1: 3.0, D2: 3.5}, decoders([1e200, 2e200, 3e200]))
@@ -115,6 +195,20 @@ def test_U14_no_decoder_no_age_term_and_largest_full_prefill_wins():
     assert plan.graph is P4096  # highest tokens per ms of the prefill family
     choice = choose({P4096: 34.768}, prm=prompters([8192]))
     assert choice.score == pytest.approx(4096 / 34.768)  # value / T exactly
+
+
+def test_U14_prompts_alone_pay_no_waiting_cost_in_the_scheduler():
+    """Two long prompts and no decoder: the scheduler's prefill plan scores value / T exactly,
+    with no age term, however many requests are waiting for their prompts (U14)."""
+    s = measured(CATALOG)
+    for _ in range(2):
+        s.admit(ask(8192, 10))
+    plan = s.plan()
+    assert plan.graph is P4096 and len(plan.lanes) == 1
+    population = s._population(s.now_ns, s._timings())
+    assert len(population.decoders) == 0 and len(population.prompters) == 2
+    t_ms = plan.estimated_duration_ns / MS
+    assert _plan_score(plan) == pytest.approx(_served_value(plan, population) / t_ms, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------
