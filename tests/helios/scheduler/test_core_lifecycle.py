@@ -273,6 +273,24 @@ def test_A13_mixed_completion_commits_by_phase():
     assert s.request_view(b).phase is LanePhase.DECODE
 
 
+def test_A13_a_decode_only_mixed_frame_still_needs_completion_feedback():
+    """A13 makes every mixed submission wait for its completion, with or without a prompt row.
+    Here the mixed program is the fastest way to serve two decoders and carries no prompt, yet
+    its plan needs feedback and nothing is queued behind it until it completes. (Its 8-token
+    prompt row is too small to take the prefills from P64.)"""
+    M = mixed(4, 8)
+    s = measured({P64: 4.0, D1: 3.0, D2: 3.5, M: 2.5})
+    (a, b), fence = decoding(s, 2)
+    fence += 1
+    plan = commit_next(s, fence)
+    assert plan.graph is M and plan.prefill_row is None
+    assert {lane.phase for lane in plan.lanes} == {LanePhase.DECODE}
+    assert plan.requires_feedback
+    assert s.plan() is None  # the second frame slot stays empty behind the mixed frame
+    s.complete(fence, [CompletionRecord(h, tokens=(1,)) for h in (a, b)], TIMING)
+    assert s.plan() is not None  # completion feedback reopens the window
+
+
 def test_S6_speculative_completion_teaches_acceptance_width_one_does_not():
     S4 = spec(2, 4)
     s = measured({P64: 4.0, S4: 6.0})
