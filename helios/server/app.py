@@ -8,14 +8,22 @@ shape. An exception while decoding, validating or preparing a body is the
 body's fault: a 400. Any other unexpected failure is a 500 in the same shape,
 logged with its traceback and counted in ``flare_requests_total`` (outcome
 ``error``).
+
+Besides generation: ``/tokenize`` and ``/detokenize`` (``tokenization``),
+``/version``, ``/v1/models``, ``/health`` and ``/metrics``. With
+``ServerConfig.log_requests`` every generation request ends with an
+access-log line (``request_log``); with ``log_stats_interval_s`` the lifespan
+runs the periodic stats line (``stats_log``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
+from importlib import metadata
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,7 +35,7 @@ from starlette.responses import JSONResponse, Response
 from helios.engine_api import Engine, EngineUnavailable, GenerationFailed, RequestRejected
 from helios.server.auth import BearerAuth
 from helios.server.errors import ApiError, bad_request, cut, generation_failed, internal, model_not_found, too_large, unavailable
-from helios.server.generation import ClientGone, Generation, collect_text
+from helios.server.generation import CLIENT_CLOSED, ClientGone, Generation, collect_text
 from helios.server.metrics import DeliveryClock, ServerMetrics
 from helios.server.protocol import (
     ChatBody,
@@ -38,8 +46,11 @@ from helios.server.protocol import (
     prepare_chat,
     prepare_completion,
 )
+from helios.server.request_log import FinishedRequest, log_request
 from helios.server.responses import ChatShape, CompletionShape, ResponseHeader, ResponseShape
+from helios.server.stats_log import log_stats_every, sampler
 from helios.server.streaming import EventStreamResponse, stream_events
+from helios.server.tokenization import DetokenizeBody, TokenizeBody, detokenize, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +58,6 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 # Bodies up to this size are tokenized on the event loop: microseconds of work, where a
 # worker-thread hop costs milliseconds of GIL hand-over on a busy host.
 INLINE_PREPARE_BYTES = 16 * 1024
-CLIENT_CLOSED = 499  # nginx's status for "client closed request": nobody reads it, logs do
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +66,14 @@ class ServerConfig:
 
     api_key: str | None = None  # None: no authentication
     max_body_bytes: int = 4 * 1024 * 1024  # larger bodies get 413
+    log_requests: bool = False  # an access-log line per finished generation request (flare run: on)
+    log_stats_interval_s: float = 0.0  # a stats line this often; 0: none (flare run: 10)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
+        if not (math.isfinite(self.log_stats_interval_s) and self.log_stats_interval_s >= 0):
+            raise ValueError(f"log_stats_interval_s must be a finite number >= 0 (0: off), got {self.log_stats_interval_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,21 +94,33 @@ CHAT = Endpoint("chat", "chatcmpl", ChatBody, prepare_chat, ChatShape())
 def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     """An app serving ``engine``; the engine is started and stopped with the app's lifespan."""
 
+    metrics = ServerMetrics(engine.stats, engine.model_name)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        stats_task = None
+        if config.log_stats_interval_s > 0:
+            sample = sampler(engine.stats, metrics.totals)
+            stats_task = asyncio.create_task(log_stats_every(config.log_stats_interval_s, sample))
         try:
             yield
         finally:
+            if stats_task is not None:
+                stats_task.cancel()
+                await asyncio.gather(stats_task, return_exceptions=True)
             await engine.stop()
 
     # No generated OpenAPI pages: bodies are validated by hand to give OpenAI's 400s, not FastAPI's 422s.
     app = FastAPI(title="Flare", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    routes = _Routes(engine, config, ServerMetrics(engine.stats), int(time.time()))
+    routes = _Routes(engine, config, metrics, int(time.time()))
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", routes.model, methods=["GET"])
+    app.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
+    app.add_api_route("/version", routes.version, methods=["GET"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/metrics", routes.metrics, methods=["GET"])
     _install_error_handlers(app)
@@ -124,6 +150,26 @@ class _Routes:
             raise model_not_found(model_id, self.engine.model_name)
         return JSONResponse(self._model_card())
 
+    async def tokenize(self, request: Request) -> JSONResponse:
+        return JSONResponse(await self._token_utility(request, TokenizeBody, tokenize))
+
+    async def detokenize(self, request: Request) -> JSONResponse:
+        return JSONResponse(await self._token_utility(request, DetokenizeBody, detokenize))
+
+    async def version(self) -> JSONResponse:
+        return JSONResponse({"version": flare_version()})
+
+    async def _token_utility(self, request: Request, body_type: type, answer: Callable[..., dict]) -> dict:
+        raw = await _read_body(request, self.config.max_body_bytes)
+        body = parse_body(raw, body_type)
+        limits = self._limits()
+        if len(raw) <= INLINE_PREPARE_BYTES:
+            return _tokenizer_call(answer, body, limits)
+        return await asyncio.to_thread(_tokenizer_call, answer, body, limits)
+
+    def _limits(self) -> ModelLimits:
+        return ModelLimits(self.engine.model_name, self.engine.context_length, self.engine.tokenizer)
+
     async def health(self) -> JSONResponse:
         if not self.engine.stats().accepting:
             return JSONResponse({"status": "draining"}, status_code=503)
@@ -143,13 +189,14 @@ class _Routes:
 
     async def _generate(self, request: Request, endpoint: Endpoint) -> Response:
         clock = DeliveryClock(self.server_metrics)
+        request_id = f"{endpoint.id_prefix}-{uuid.uuid4().hex}"
         try:
-            generation, prepared = await self._admit(request, endpoint, clock)
+            generation, prepared = await self._admit(request, endpoint, clock, request_id)
         except ApiError as error:
-            self.server_metrics.finished(endpoint.label, _refusal_outcome(error.status))
+            self._refused(request_id, endpoint, error.status, _refusal_outcome(error.status), clock)
             raise
         except Exception as exc:
-            self.server_metrics.finished(endpoint.label, "error")
+            self._refused(request_id, endpoint, 500, "error", clock)
             return _server_fault(exc)
         header = ResponseHeader(prepared.generation.request_id, int(time.time()), self.engine.model_name)
         if prepared.stream:
@@ -161,16 +208,24 @@ class _Routes:
         except Exception as exc:  # the generation counted it as an error when its relay ended
             return _server_fault(exc)
 
-    async def _admit(self, request: Request, endpoint: Endpoint, clock: DeliveryClock) -> tuple[Generation, PreparedRequest]:
+    def _refused(self, request_id: str, endpoint: Endpoint, status: int, outcome: str, clock: DeliveryClock) -> None:
+        """A request that never reached the engine: counted, and logged with the status it got."""
+        self.server_metrics.finished(endpoint.label, outcome)
+        if self.config.log_requests:
+            log_request(FinishedRequest(request_id, endpoint.label, status, outcome, 0, 0, None,
+                                        time.perf_counter() - clock.arrived))
+
+    async def _admit(self, request: Request, endpoint: Endpoint, clock: DeliveryClock,
+                     request_id: str) -> tuple[Generation, PreparedRequest]:
         raw = await _read_body(request, self.config.max_body_bytes)
         body = parse_body(raw, endpoint.body_type)
-        limits = ModelLimits(self.engine.model_name, self.engine.context_length, self.engine.tokenizer)
-        request_id = f"{endpoint.id_prefix}-{uuid.uuid4().hex}"
+        limits = self._limits()
         if len(raw) <= INLINE_PREPARE_BYTES:
             prepared = _prepare(endpoint, body, limits, request_id)
         else:  # tokenizing a long prompt takes milliseconds: keep it off the event loop
             prepared = await asyncio.to_thread(_prepare, endpoint, body, limits, request_id)
-        generation = Generation(self.engine, prepared.generation, self.server_metrics, endpoint.label, clock)
+        generation = Generation(self.engine, prepared.generation, self.server_metrics, endpoint.label, clock,
+                                stream=prepared.stream, log_requests=self.config.log_requests)
         try:
             generation.submit()
         except RequestRejected as exc:
@@ -201,6 +256,26 @@ def _prepare(endpoint: Endpoint, body, limits: ModelLimits, request_id: str) -> 
         log.warning("request %s: preparing the body raised; answering 400", request_id, exc_info=True)
         raise bad_request(f"The request could not be prepared: the prompt or messages made the tokenizer or chat "
                           f"template fail ({type(exc).__name__}: {cut(str(exc))}).", code="invalid_value") from None
+
+
+def _tokenizer_call(answer: Callable[..., dict], body, limits: ModelLimits) -> dict:
+    """``answer(body, limits)``, where a tokenizer or template that chokes on the input is a 400, as in ``_prepare``."""
+    try:
+        return answer(body, limits)
+    except ApiError:
+        raise
+    except Exception as exc:
+        log.warning("tokenize/detokenize raised; answering 400", exc_info=True)
+        raise bad_request(f"The tokenizer or chat template failed on this input ({type(exc).__name__}: "
+                          f"{cut(str(exc))}).", code="invalid_value") from None
+
+
+def flare_version() -> str:
+    """The installed ``flare`` distribution's version (pyproject.toml)."""
+    try:
+        return metadata.version("flare")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def _server_fault(exc: Exception) -> Response:

@@ -3,18 +3,25 @@
 Whatever ends the relay early (a client that disconnects, a stream the server
 stops reading, a failure) reaches ``Generation.deltas``' ``finally`` or, for
 a stream that never started relaying, the response's ``abandon()``; both
-cancel the request in the engine unless it already finished, once.
+cancel the request in the engine unless it already finished, once. The
+close is also where a request is accounted for: its outcome counted, its
+latency phases observed (when it reached a finish reason), and its access-log
+line written (when ``log_requests``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from helios.engine_api import Engine, FinishReason, GenerationFailed, GenerationRequest, TextDelta
-from helios.server.metrics import DeliveryClock, ServerMetrics
+from helios.engine_api import Engine, FinishReason, GenerationFailed, GenerationRequest, QueueTimeout, TextDelta
+from helios.server.metrics import FINISH_OUTCOMES, DeliveryClock, ServerMetrics
+from helios.server.request_log import FinishedRequest, log_request
 from helios.server.responses import Usage
+
+CLIENT_CLOSED = 499  # nginx's status for "client closed request": nobody reads it, logs do
 
 
 class ClientGone(Exception):
@@ -30,14 +37,18 @@ class Generation:
     metrics: ServerMetrics
     endpoint: str  # metric label: "completions" | "chat"
     clock: DeliveryClock
+    stream: bool = False  # a streamed response is a 200 whatever ends it
+    log_requests: bool = False
     completion_tokens: int = 0
     finish_reason: FinishReason | None = None
     _stream: AsyncIterator[TextDelta] | None = field(default=None, repr=False)
+    _failure: Exception | None = None
     _closed: bool = False
 
     def submit(self) -> None:
         """Hand the request to the engine; raises RequestRejected / EngineUnavailable at once."""
         self._stream = self.engine.submit(self.request)
+        self.clock.handed_over()
         self.metrics.prompt_tokens.inc(len(self.request.prompt_token_ids))
 
     @property
@@ -54,8 +65,8 @@ class Generation:
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason.value
                     break
-        except Exception:  # GenerationFailed, or a fault of ours: either way the request ended in error
-            outcome = "error"
+        except Exception as exc:  # GenerationFailed, or a fault of ours: either way the request ended in error
+            outcome, self._failure = "error", exc
             raise
         finally:
             await self._close(outcome)
@@ -64,6 +75,7 @@ class Generation:
         self.completion_tokens += len(delta.token_ids)
         self.clock.delivered(len(delta.token_ids))
         if delta.finish_reason is not None:
+            self.clock.ended()
             self.finish_reason = delta.finish_reason
 
     async def abandon(self) -> None:
@@ -76,10 +88,31 @@ class Generation:
         self._closed = True
         if self.finish_reason is None:
             self.engine.cancel(self.request.request_id)
-        self.metrics.finished(self.endpoint, outcome)
+        self._account(outcome)
         aclose = getattr(self._stream, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+    def _account(self, outcome: str) -> None:
+        prompt_tokens = len(self.request.prompt_token_ids)
+        self.metrics.finished(self.endpoint, outcome)
+        if outcome in FINISH_OUTCOMES:
+            self.metrics.completed(self.clock, prompt_tokens, self.completion_tokens)
+        if outcome in ("cancelled", FinishReason.ABORT.value):
+            self.metrics.aborted("client_gone" if outcome == "cancelled" else "shutdown_drain")
+        if self.log_requests:
+            log_request(FinishedRequest(self.request.request_id, self.endpoint, self._status(outcome), outcome,
+                                        prompt_tokens, self.completion_tokens, self.clock.ttft_s,
+                                        time.perf_counter() - self.clock.arrived))
+
+    def _status(self, outcome: str) -> int:
+        """The status the client got: a stream's headers (200) went out before its end was known."""
+        if self.stream or outcome in FINISH_OUTCOMES:
+            return 200
+        if outcome == "cancelled":
+            return CLIENT_CLOSED
+        return 503 if isinstance(self._failure, QueueTimeout) else 500
 
 
 async def collect_text(generation: Generation, receive: Callable[[], Awaitable[dict]]) -> str:

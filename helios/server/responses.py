@@ -12,12 +12,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """A response's token counts; ``cached_tokens`` (prompt tokens served from a reused prefix) is 0
+    until the engine reuses prefixes, and is reported so clients that read it find it."""
+
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
     def body(self) -> dict:
         total = self.prompt_tokens + self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,7 +97,8 @@ def test_completion_returns_whole_text_with_usage(served):
     assert body["model"] == "fake-model" and isinstance(body["created"], int)
     assert body["choices"] == [{"index": 0, "text": "hello", "logprobs": None, "finish_reason": "stop"}]
     # five echoed bytes plus the EOS token
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_completion_max_tokens_cuts_with_length(served):
@@ -128,7 +129,8 @@ def test_chat_renders_the_template_and_answers_as_assistant(served):
     prompt = "[user] hi\n[assistant] "
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": prompt}, "logprobs": None, "finish_reason": "stop"}]
-    assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(prompt) + 1, "total_tokens": 2 * len(prompt) + 1}
+    assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(prompt) + 1, "total_tokens": 2 * len(prompt) + 1,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     # chat's default max_tokens is the rest of the context
     assert served.engine.submitted[-1].max_tokens == CONTEXT - len(prompt)
 
@@ -252,7 +254,8 @@ def test_completion_stream_include_usage_raw(served):
         events = _sse_events(response)
     chunks = [json.loads(e) for e in events[:-1]]
     assert events[-1] == "[DONE]"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                                                                       "prompt_tokens_details": {"cached_tokens": 0}}
     assert all(c["usage"] is None for c in chunks[:-1])
 
 
