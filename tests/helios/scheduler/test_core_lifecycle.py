@@ -199,6 +199,25 @@ def test_A4_A5_first_publication_counts_one_delivery_and_starts_the_history():
     assert s.request_view(a).delivery_rate == once
 
 
+def test_A5_A10_queue_projection_starts_a_missing_delivery_history_at_one_per_queued_frame():
+    """A decoder whose first token is still unpublished has no delivery history. Planning
+    behind its queued decode frame projects that frame's first burst as one delivery over
+    the frame's duration (A5 within the A10 projection), so its delivery price is g * T."""
+    g = PolicyConfig().delivery_fairness
+    s = measured({P64: 4.0, D1: 3.0})
+    a = s.admit(ask(64, 50))
+    commit_next(s, 1)
+    s.complete(1, [CompletionRecord(a, prompt_consumed=64, tokens=(1,))], TIMING)  # never published
+    assert s.request_view(a).delivery_rate is None
+    queued = commit_next(s, 2)
+    assert queued.graph is D1 and not queued.requires_feedback
+    population = s._population(s._queue_end_ns(), s._timings())
+    frame_ms = queued.estimated_duration_ns / MS
+    assert population.decoders.handle == [a]
+    assert population.decoders.delivery_price[0] == pytest.approx(g * frame_ms)  # g / z, z = 1 / T
+    assert s.plan() is not None  # the projection is what the second frame slot is planned on
+
+
 def test_A4_output_age_uses_publication_time():
     s = measured({P64: 4.0, D1: 3.0, D2: 3.5})
     (a, b), fence = decoding(s, 2)
