@@ -51,6 +51,10 @@ def run(
         DEFAULT_MAX_WAITING, "--max-waiting", help=f"Requests that may wait for a slot (default {DEFAULT_MAX_WAITING}); beyond them new requests get 503 with Retry-After."),
     queue_timeout: Optional[float] = typer.Option(
         None, "--queue-timeout", help="Seconds a request may wait for a slot before it gets 503 (default: no limit)."),
+    disable_log_requests: bool = typer.Option(
+        False, "--disable-log-requests", help="No access-log line on stdout per finished request."),
+    log_stats_interval: float = typer.Option(
+        10.0, "--log-stats-interval", help="Seconds between stats lines on stdout (running, waiting, pages, tokens/s); 0: none."),
 ) -> None:
     """Serve a catalog over an OpenAI-compatible HTTP API (docs/cli.md, docs/runtime.md)."""
     import logging
@@ -62,7 +66,8 @@ def run(
     try:
         options = RunOptions(catalog, host, port, policy, alpha, speculation,
                              api_key, threads, speculative_width, dump_estimates, trust_catalog=trust_catalog,
-                             max_waiting=max_waiting, queue_timeout=queue_timeout)
+                             max_waiting=max_waiting, queue_timeout=queue_timeout,
+                             log_requests=not disable_log_requests, log_stats_interval=log_stats_interval)
         serve_catalog(options)
     except (LaunchError, CatalogError) as exc:
         stderr.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)

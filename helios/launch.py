@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,8 @@ class RunOptions:
     trust_catalog: bool = False  # load the catalog's programs uninspected (docs/catalog-format.md, "Trust")
     max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which new ones get 503
     queue_timeout: float | None = None  # seconds a request may wait for a slot (None: no limit)
+    log_requests: bool = True  # an access-log line on stdout per finished request (--disable-log-requests)
+    log_stats_interval: float = 10.0  # seconds between stats lines on stdout; 0: none (--log-stats-interval)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_PRESETS:
@@ -79,6 +82,9 @@ class RunOptions:
             raise LaunchError(f"--max-waiting must be >= 1 (requests waiting for a slot), got {self.max_waiting}")
         if self.queue_timeout is not None and not (math.isfinite(self.queue_timeout) and self.queue_timeout > 0):
             raise LaunchError(f"--queue-timeout must be a finite number of seconds > 0, got {self.queue_timeout}")
+        if not (math.isfinite(self.log_stats_interval) and self.log_stats_interval >= 0):
+            raise LaunchError(f"--log-stats-interval must be a finite number of seconds >= 0 (0 turns the stats "
+                              f"line off), got {self.log_stats_interval}")
         if self.dump_estimates is not None and not self.dump_estimates.parent.is_dir():
             raise LaunchError(f"--dump-estimates {self.dump_estimates}: folder {self.dump_estimates.parent} "
                               "does not exist")
@@ -136,7 +142,10 @@ def run(options: RunOptions) -> None:
         api_key = options.api_key or os.environ.get("FLARE_API_KEY") or None
         max_body = body_limit(engine.context_length, engine.tokenizer.max_token_bytes) or ServerConfig().max_body_bytes
         log.info("request bodies up to %d bytes (what a %d-token prompt can need)", max_body, engine.context_length)
-        server = uvicorn_server(engine, ServerConfig(api_key=api_key, max_body_bytes=max_body), options.host, options.port,
+        route_server_logs_to_stdout()
+        config = ServerConfig(api_key=api_key, max_body_bytes=max_body, log_requests=options.log_requests,
+                              log_stats_interval_s=options.log_stats_interval)
+        server = uvicorn_server(engine, config, options.host, options.port,
                                 log_level="warning")
         log.info("ready on http://%s:%d (model %s)", options.host, listener.getsockname()[1], engine.model_name)
         server.run(sockets=[listener])
@@ -144,6 +153,17 @@ def run(options: RunOptions) -> None:
         listener.close()
     if options.dump_estimates is not None:
         dump_estimates(engine, options.dump_estimates)
+
+
+def route_server_logs_to_stdout() -> None:
+    """The access log and the stats line go to stdout, as vLLM prints them; startup logs stay on stderr."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    for name in ("flare.requests", "flare.stats"):
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
