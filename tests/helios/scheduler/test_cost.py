@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
+from helios.scheduler import AdmitRequest, Scheduler, SelectionReason
 from helios.scheduler.cost import CostModel
 
 TTL = 30_000_000_000
@@ -22,6 +23,23 @@ def test_C11_entries_start_unknown_whatever_the_descriptor_says():
     assert costs.estimate_ns(KEY) == 0
     assert not costs.is_known(KEY)
     assert costs.requires_feedback(KEY, now_ns=0)
+
+
+def test_C11_the_scheduler_starts_unknown_whatever_its_descriptors_say():
+    """Descriptors handed to the Scheduler directly (not through the loader, which zeroes the
+    field) may carry an estimate; the scheduler must still start every program unknown, so its
+    first plan is a discovery with no duration and completion feedback, like a cold catalog's."""
+    prefill64 = GraphDescriptor(id="prefill64", kind=GraphKind.PREFILL, batch_capacity=1, prefill_capacity=64,
+                                estimated_duration_ns=4_000_000)
+    graphs = [prefill64, DECODE4]
+    s = Scheduler(graphs, request_slots=4)
+    for g in graphs:
+        assert g.estimated_duration_ns > 0
+        assert s.cost.estimate_ns(g.cost_key()) == 0 and not s.cost.is_known(g.cost_key())
+    s.admit(AdmitRequest(prompt_tokens=64, max_tokens=8, context_limit=1 << 20))
+    plan = s.plan()
+    assert plan.graph is prefill64 and plan.reason is SelectionReason.DISCOVERY
+    assert plan.estimated_duration_ns == 0 and plan.requires_feedback
 
 
 def test_D1_identity_is_the_physical_shape():
