@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flare_contract.cli import run_app
 from helios.simulation_files import SimulationFileError, load_catalog, load_trace
 from helios.simulation_trace import write_trace_events
 from helios.simulator import SimulationError, SimulationOptions, SimulationResult, simulate as run_simulation
@@ -202,7 +203,7 @@ def _ms(value: float | None) -> str:
 
 def main() -> None:
     """Console-script entry (``flare``)."""
-    app()
+    run_app(app, "flare")  # usage errors too are one line and exit 2 (flare_contract/cli.py)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flare_contract.cli import run_app
 from ignition.capacity import CapacityOptions, CapacityPlan
 from ignition.capacity.plan import plan_recipe
 from ignition.recipes import Recipe, list_recipes
@@ -214,7 +215,7 @@ def debug_serve(
 
 def main() -> None:
     """Console-script entry point (``ignition``)."""
-    app()
+    run_app(app, "ignition")  # usage errors too are one line and exit 2 (flare_contract/cli.py)
 
 
 # -- rendering ------------------------------------------------------------------------------------
