@@ -160,6 +160,8 @@ def cmake_configure(src: Path, build: Path) -> tuple[str, ...]:
             "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF")
 
 
+# Flare keeps no prompt cache, and the harness sends the same prompts in every cell and repetition:
+# a peer reusing a cached prompt would skip the prefill the others do, so both peers run without.
 @dataclass(frozen=True, slots=True)
 class ServerSpec:
     """How to start one system's server on a given port, and what its requests must add."""
@@ -185,7 +187,7 @@ def vllm_server(layout: Layout, model: Path, settings: Settings, port: int) -> S
     argv = (str(layout.vllm_venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model), "--served-model-name", SERVED_NAME, "--dtype", "float32",
             "--max-model-len", str(settings.context), "--max-num-seqs", str(settings.slots),
-            "--seed", str(settings.seed), "--host", "127.0.0.1", "--port", str(port))
+            "--seed", str(settings.seed), "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port))
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "OMP_NUM_THREADS": str(settings.threads), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1"}
@@ -196,7 +198,7 @@ def llama_server(layout: Layout, settings: Settings, port: int) -> ServerSpec:
     threads, slots = str(settings.threads), str(settings.slots)
     argv = (str(layout.llama_server), "-m", str(layout.gguf(settings.gguf_type)), "--alias", SERVED_NAME,
             "-t", threads, "-tb", threads, "-np", slots, "-cb", "-c", str(settings.slots * settings.context),
-            "--seed", str(settings.seed), "--temp", "0", "--repeat-penalty", "1.0",
+            "--seed", str(settings.seed), "--temp", "0", "--repeat-penalty", "1.0", "--no-cache-prompt",
             "--host", "127.0.0.1", "--port", str(port))
     # flare bench cannot add body fields; the server-side flag above covers its requests,
     # and the harness's own check requests say it again.
