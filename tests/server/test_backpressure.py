@@ -90,9 +90,14 @@ def _completion(prompt, **extra) -> dict:
 
 
 def _samples(url: str, name: str) -> dict[tuple, float]:
+    """Samples of ``name`` by their labels, less ``model_name`` (every family carries the served model's)."""
     text = httpx.get(f"{url}/metrics").text
-    return {tuple(sorted(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples if s.name == name}
+    found = {}
+    for sample in (s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name):
+        labels = dict(sample.labels)
+        assert labels.pop("model_name") == "fake-model", sample
+        found[tuple(sorted(labels.items()))] = sample.value
+    return found
 
 
 # ---------------------------------------------------------------- overload
