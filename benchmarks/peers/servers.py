@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.peers.install import error_line, say
-from benchmarks.peers.systems import SERVED_NAME, HarnessError, ServerSpec, Settings
+from benchmarks.peers.systems import HarnessError, ServerSpec, Settings
 
 
 def free_port() -> int:
@@ -98,11 +98,9 @@ class Completion:
 
 def complete(server: Server, prompt: str, settings: Settings) -> Completion:
     """One greedy, non-streamed completion of ``settings.output_len`` tokens."""
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": settings.output_len, "temperature": 0.0,
+    model = httpx.get(server.url + "/v1/models", timeout=10.0).json()["data"][0]["id"]  # as flare bench does
+    body = {"model": model, "prompt": prompt, "max_tokens": settings.output_len, "temperature": 0.0,
             "seed": settings.seed} | server.spec.extra_body
-    if server.spec.name.startswith("flare"):
-        body.pop("seed")  # greedy needs no seed, and the model name is Flare's own
-        body["model"] = httpx.get(server.url + "/v1/models", timeout=10.0).json()["data"][0]["id"]
     response = httpx.post(server.url + "/v1/completions", json=body, timeout=300.0)
     if response.status_code != 200:
         raise HarnessError(f"{server.spec.name}: check request got HTTP {response.status_code}: {response.text[:200]}")

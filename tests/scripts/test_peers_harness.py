@@ -65,7 +65,8 @@ def test_servers_get_matched_settings_on_loopback():
     assert flare.argv[flare.argv.index("--speculation") + 1] == "off"
     for spec in (vllm, llama, flare):
         assert spec.argv[spec.argv.index("--host") + 1] == "127.0.0.1"
-        assert spec.argv[spec.argv.index("--seed" if spec is not flare else "--port") + 1] in ("0", "8003")
+    for spec in (vllm, llama):
+        assert spec.argv[spec.argv.index("--seed") + 1] == "0"
 
 
 def test_install_steps_stay_in_the_cache_and_build_without_network():
