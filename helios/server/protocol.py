@@ -153,6 +153,8 @@ def _text_part(part: Any) -> str:
 class ChatBody(_GenerationBody):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    add_generation_prompt: bool | None = None  # default true, false with continue_final_message
+    continue_final_message: bool = False
     logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
@@ -179,7 +181,7 @@ def parse_body(raw: bytes, model: type[BodyT]) -> BodyT:
         raise bad_request(f"The request body is not valid JSON: {cut(str(exc), 200)}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request(f"The request body must be a JSON object, got {type(data).__name__}.", code="invalid_json")
-    _refuse_unhonoured(data)
+    _refuse_unhonoured(data, model)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -205,8 +207,8 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
     "include_stop_str_in_output": (None, False),
     "prompt_logprobs": (None,),
     "truncate_prompt_tokens": (None,),
-    "add_generation_prompt": (None, True),
-    "continue_final_message": (None, False),
+    "add_generation_prompt": (None, True),  # honoured by chat and /tokenize, which define it
+    "continue_final_message": (None, False),  # honoured by chat
     "chat_template": (None,),
     "chat_template_kwargs": (None, {}),
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
@@ -215,10 +217,11 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
 UNHONOURED_STREAM_OPTIONS: dict[str, tuple[Any, ...]] = {"continuous_usage_stats": (None, False)}
 
 
-def _refuse_unhonoured(data: dict) -> None:
-    """400 ``unsupported_parameter`` for a known field the engine would not honour (``UNHONOURED``)."""
+def _refuse_unhonoured(data: dict, model: type[BaseModel]) -> None:
+    """400 ``unsupported_parameter`` for a known field the engine would not honour (``UNHONOURED``);
+    a field the body model defines is honoured by that endpoint and validated there instead."""
     for name, harmless in UNHONOURED.items():
-        if name in data and not _is_one_of(data[name], harmless):
+        if name in data and name not in model.model_fields and not _is_one_of(data[name], harmless):
             raise bad_request(f"Unsupported '{name}': this server does not implement it yet; omit it or send "
                               f"{_harmless(harmless)} (got {_shown(data[name])}).", name, "unsupported_parameter")
     options = data.get("stream_options")
@@ -299,7 +302,10 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
     _refuse_if(bool(body.logprobs) or body.top_logprobs is not None, "logprobs", "log probabilities are not supported by this server")
     _refuse_if(bool(body.tools), "tools", "tool calling is not supported by this server")
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
-    ids = _render_chat(messages, limits)
+    _refuse_if(body.continue_final_message and body.add_generation_prompt is True, "continue_final_message",
+               "cannot continue the final message and also open a new one: leave add_generation_prompt out or false")
+    ids = _render_chat(messages, limits, add_generation_prompt=body.add_generation_prompt is not False
+                       and not body.continue_final_message, continue_final=body.continue_final_message)
     _check_prompt_fits(len(ids), "messages", limits)
     param, asked = ("max_completion_tokens", body.max_completion_tokens)
     if asked is None:
@@ -330,11 +336,26 @@ def _checked_token_ids(ids: tuple[int, ...], vocab_size: int) -> tuple[int, ...]
     return ids
 
 
-def _render_chat(messages: list[dict[str, str]], limits: ModelLimits) -> tuple[int, ...]:
+def _render_chat(messages: list[dict[str, str]], limits: ModelLimits, *, add_generation_prompt: bool = True,
+                 continue_final: bool = False) -> tuple[int, ...]:
+    """The chat prompt's token ids: the template over ``messages``, with the generation prompt or not.
+
+    ``continue_final`` (vLLM's ``continue_final_message``): the prompt ends right after the final
+    message's content, so the model continues that message instead of starting a new one; the
+    template's closing text for it (an end-of-turn token) is cut off.
+    """
     try:
-        text = limits.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = limits.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     except ChatTemplateError as exc:
         raise bad_request(f"Invalid 'messages': {exc}", "messages", "invalid_value") from None
+    if continue_final:
+        final = messages[-1]["content"]
+        end = text.rfind(final) if final else -1
+        if end < 0:
+            raise bad_request("Invalid 'continue_final_message': the final message has no content, or the chat "
+                              "template does not render it verbatim, so there is nothing to continue.",
+                              "continue_final_message", "invalid_value")
+        text = text[:end + len(final)]
     _check_text_fits(text, "messages", limits)
     return tuple(limits.tokenizer.encode(text, add_special_tokens=False))
 

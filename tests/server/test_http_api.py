@@ -658,6 +658,11 @@ def test_every_unhonoured_field_has_a_refused_value_here():
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
 @pytest.mark.parametrize("field", sorted(UNHONOURED_VALUES))
 def test_a_field_the_engine_does_not_honour_is_refused_not_ignored(served, endpoint, field):
+    from helios.server.protocol import ChatBody, CompletionBody
+
+    honoured_here = (CompletionBody if endpoint == "/v1/completions" else ChatBody).model_fields
+    if field in honoured_here:
+        pytest.skip(f"{endpoint} honours {field} (tested below)")
     body = _completion("hi") if endpoint == "/v1/completions" else {
         "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
     with served.client() as client:
@@ -682,3 +687,38 @@ def test_continuous_usage_stats_is_refused_not_ignored(served):
         reply = client.post("/v1/completions", json=_completion(
             "hi", stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}))
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options.continuous_usage_stats"
+
+
+
+def _chat_body(messages, **extra) -> dict:
+    return {"model": "fake-model", "messages": messages, **extra}
+
+
+CONVERSATION = [{"role": "user", "content": "yo"}, {"role": "assistant", "content": "Once upon"}]
+
+
+def test_chat_add_generation_prompt_false_leaves_the_assistant_turn_unopened(served):
+    """The fake engine echoes its prompt, so the reply is the rendered prompt (fake_engine.py's template)."""
+    with served.client() as client:
+        opened = client.post("/v1/chat/completions", json=_chat_body(CONVERSATION[:1])).json()
+        closed = client.post("/v1/chat/completions", json=_chat_body(CONVERSATION[:1], add_generation_prompt=False)).json()
+    assert opened["choices"][0]["message"]["content"] == "[user] yo\n[assistant] "
+    assert closed["choices"][0]["message"]["content"] == "[user] yo\n"
+
+
+def test_chat_continue_final_message_ends_the_prompt_inside_that_message(served):
+    with served.client() as client:
+        reply = client.post("/v1/chat/completions", json=_chat_body(CONVERSATION, continue_final_message=True)).json()
+        both = client.post("/v1/chat/completions", json=_chat_body(CONVERSATION, continue_final_message=True,
+                                                              add_generation_prompt=True))
+        empty = client.post("/v1/chat/completions", json=_chat_body([{"role": "assistant", "content": ""}],
+                                                               continue_final_message=True))
+    assert reply["choices"][0]["message"]["content"] == "[user] yo\n[assistant] Once upon"  # no closing newline
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "continue_final_message"
+
+
+def test_completions_still_refuse_the_chat_template_fields(served):
+    with served.client() as client:
+        reply = client.post("/v1/completions", json=_completion("hi", add_generation_prompt=False))
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "unsupported_parameter"
