@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -49,9 +50,17 @@ class ChatTemplate:
             raise ChatTemplateError(f"{path}: no chat_template string (this checkpoint cannot serve chat)")
         return cls(source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
 
-    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+               template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The template over ``messages``; ``template_kwargs`` are further variables the template may read
+        (the request's ``chat_template_kwargs``, such as ``enable_thinking``), never the ones set here."""
+        reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
+        clash = sorted(reserved & set(template_kwargs or {}))
+        if clash:
+            raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(clash)} (the server sets them)")
         try:
             return _compile(self.source).render(
+                **dict(template_kwargs or {}),
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,

@@ -42,7 +42,7 @@ import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class FinishReason(str, Enum):
@@ -232,8 +232,10 @@ class EngineTokenizer(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """The checkpoint's chat template rendered over ``messages`` (each has role and content).
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+                            template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The checkpoint's chat template rendered over ``messages`` (each has role and content), with
+        ``template_kwargs`` as further template variables.
 
         Raises ``ChatTemplateError`` when the template refuses the messages.
         """

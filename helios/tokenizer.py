@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -53,10 +54,12 @@ class CheckpointTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+                            template_kwargs: Mapping[str, Any] | None = None) -> str:
         if self._template is None:
             raise ChatTemplateError("this checkpoint's tokenizer_config.json has no chat_template; use /v1/completions")
-        return self._template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt,
+                                     template_kwargs=template_kwargs)
 
 
 def _template(config: Path) -> ChatTemplate | None:

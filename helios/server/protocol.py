@@ -155,6 +155,7 @@ class ChatBody(_GenerationBody):
     max_completion_tokens: int | None = None
     add_generation_prompt: bool | None = None  # default true, false with continue_final_message
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # further template variables, e.g. enable_thinking
     logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
@@ -210,7 +211,7 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
     "add_generation_prompt": (None, True),  # honoured by chat and /tokenize, which define it
     "continue_final_message": (None, False),  # honoured by chat
     "chat_template": (None,),
-    "chat_template_kwargs": (None, {}),
+    "chat_template_kwargs": (None, {}),  # honoured by chat, which defines it
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "structured_outputs": (None,),
 }
@@ -304,14 +305,17 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
     _refuse_if(body.continue_final_message and body.add_generation_prompt is True, "continue_final_message",
                "cannot continue the final message and also open a new one: leave add_generation_prompt out or false")
+    kwargs = body.chat_template_kwargs or None
     ids = _render_chat(messages, limits, add_generation_prompt=body.add_generation_prompt is not False
-                       and not body.continue_final_message, continue_final=body.continue_final_message)
+                       and not body.continue_final_message, continue_final=body.continue_final_message,
+                       template_kwargs=kwargs)
     _check_prompt_fits(len(ids), "messages", limits)
     param, asked = ("max_completion_tokens", body.max_completion_tokens)
     if asked is None:
         param, asked = ("max_tokens", body.max_tokens)
     max_tokens = _max_tokens(asked, param, limits.context_length - len(ids), len(ids), limits.context_length)
-    return _prepared(body, limits, request_id, ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer))
+    return _prepared(body, limits, request_id, ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer,
+                                                                                      kwargs))
 
 
 def _check_common(body: _GenerationBody, limits: ModelLimits) -> None:
@@ -337,7 +341,7 @@ def _checked_token_ids(ids: tuple[int, ...], vocab_size: int) -> tuple[int, ...]
 
 
 def _render_chat(messages: list[dict[str, str]], limits: ModelLimits, *, add_generation_prompt: bool = True,
-                 continue_final: bool = False) -> tuple[int, ...]:
+                 continue_final: bool = False, template_kwargs: dict[str, Any] | None = None) -> tuple[int, ...]:
     """The chat prompt's token ids: the template over ``messages``, with the generation prompt or not.
 
     ``continue_final`` (vLLM's ``continue_final_message``): the prompt ends right after the final
@@ -345,9 +349,11 @@ def _render_chat(messages: list[dict[str, str]], limits: ModelLimits, *, add_gen
     template's closing text for it (an end-of-turn token) is cut off.
     """
     try:
-        text = limits.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = limits.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                    template_kwargs=template_kwargs)
     except ChatTemplateError as exc:
-        raise bad_request(f"Invalid 'messages': {exc}", "messages", "invalid_value") from None
+        param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else "messages"
+        raise bad_request(f"Invalid '{param}': {exc}", param, "invalid_value") from None
     if continue_final:
         final = messages[-1]["content"]
         end = text.rfind(final) if final else -1
@@ -360,7 +366,8 @@ def _render_chat(messages: list[dict[str, str]], limits: ModelLimits, *, add_gen
     return tuple(limits.tokenizer.encode(text, add_special_tokens=False))
 
 
-def _message_endpoints(messages: list[dict[str, str]], ids: tuple[int, ...], tokenizer: EngineTokenizer) -> tuple[int, ...]:
+def _message_endpoints(messages: list[dict[str, str]], ids: tuple[int, ...], tokenizer: EngineTokenizer,
+                       template_kwargs: dict[str, Any] | None = None) -> tuple[int, ...]:
     """Prompt offsets where each message ends (spec K1 anchors), where the template makes them exact.
 
     A message's end is exact when the template rendered over the messages up
@@ -372,7 +379,9 @@ def _message_endpoints(messages: list[dict[str, str]], ids: tuple[int, ...], tok
     endpoints: list[int] = []
     for count in range(max(1, len(messages) - MAX_ENDPOINTS), len(messages)):
         try:
-            head = tokenizer.encode(tokenizer.apply_chat_template(messages[:count], add_generation_prompt=False), add_special_tokens=False)
+            text = tokenizer.apply_chat_template(messages[:count], add_generation_prompt=False,
+                                                 template_kwargs=template_kwargs)
+            head = tokenizer.encode(text, add_special_tokens=False)
         except ChatTemplateError:
             continue  # e.g. a template that refuses a conversation ending on a system message
         if 0 < len(head) < len(ids) and tuple(head) == ids[: len(head)] and (not endpoints or len(head) > endpoints[-1]):

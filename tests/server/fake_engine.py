@@ -18,6 +18,7 @@ import asyncio
 import codecs
 import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from helios.engine_api import (
     EngineStats,
@@ -53,8 +54,10 @@ class ByteTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode(errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+                            template_kwargs: Mapping[str, Any] | None = None) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt,
+                                    template_kwargs=template_kwargs)
 
 
 class FakeEngine:

@@ -722,3 +722,22 @@ def test_completions_still_refuse_the_chat_template_fields(served):
     with served.client() as client:
         reply = client.post("/v1/completions", json=_completion("hi", add_generation_prompt=False))
     assert reply.status_code == 400 and reply.json()["error"]["code"] == "unsupported_parameter"
+
+
+
+def test_chat_template_kwargs_reach_the_template_and_cannot_override_what_the_server_sets(served):
+    saved = served.engine.tokenizer.template
+    served.engine.tokenizer.template = ChatTemplate(
+        "{% if enable_thinking %}<think>{% endif %}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+    try:
+        with served.client() as client:
+            thinking = client.post("/v1/chat/completions", json=_chat_body(CONVERSATION[:1],
+                                                                           chat_template_kwargs={"enable_thinking": True}))
+            plain = client.post("/v1/chat/completions", json=_chat_body(CONVERSATION[:1]))
+            clash = client.post("/v1/chat/completions", json=_chat_body(
+                CONVERSATION[:1], chat_template_kwargs={"add_generation_prompt": False}))
+    finally:
+        served.engine.tokenizer.template = saved
+    assert thinking.json()["choices"][0]["message"]["content"] == "<think>[user] yo\n"
+    assert plain.json()["choices"][0]["message"]["content"] == "[user] yo\n"
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "chat_template_kwargs"
