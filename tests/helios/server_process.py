@@ -71,3 +71,11 @@ def serving_in_thread(server) -> Iterator[str]:
         thread.join(10)
         sock.close()
     assert not thread.is_alive(), "uvicorn did not shut down"
+
+
+def wait_until(condition, what: str, timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s`` (a safety net, not a timing)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

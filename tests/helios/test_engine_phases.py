@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
 
 import pytest
 import torch
 
 from eager_target import assert_same_or_near_tie
-from engine_driver import serve
+from engine_driver import serve, wait_idle
 from helios.engine import EngineConfig, HeliosEngine, prompt_lookup
 from helios.engine_api import (
     EngineUnavailable,
@@ -49,16 +48,6 @@ async def collect(engine, req):
     deltas = [d async for d in engine.submit(req)]
     ids = [t for d in deltas for t in d.token_ids]
     return "".join(d.text for d in deltas), ids, deltas[-1].finish_reason, deltas
-
-
-def wait_idle(engine, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        s = engine.stats()
-        if s.requests_running == 0 and s.requests_waiting == 0 and s.kv_pages_used == 0:
-            return s
-        time.sleep(0.01)
-    raise AssertionError(f"engine not idle: {engine.stats()}")
 
 
 # ---------------------------------------------------------------------------

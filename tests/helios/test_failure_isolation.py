@@ -17,12 +17,11 @@ completion) and checks that:
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 import helios.executor
-from engine_driver import serve
+from engine_driver import serve, wait_idle
 from helios.engine import EngineConfig, HeliosEngine
 from helios.engine_api import FinishReason, GenerationFailed, GenerationRequest, SamplingParams
 
@@ -44,16 +43,6 @@ def greedy(engine, rid: str, text: str, seed: int | None = None, tokens: int = T
 
 async def token_ids(stream) -> list[int]:
     return [t async for delta in stream for t in delta.token_ids]
-
-
-def wait_idle(engine, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = engine.stats()
-        if stats.requests_running == 0 and stats.requests_waiting == 0 and stats.kv_pages_used == 0:
-            return stats
-        time.sleep(0.01)
-    raise AssertionError(f"engine not idle: {engine.stats()}")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import logging
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -24,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from fake_engine import EOS, ByteTokenizer, FakeEngine
-from server_process import serving_in_thread
+from server_process import serving_in_thread, wait_until
 from helios import cli, launch
 from helios.engine_api import EngineStats, ExecutionTotals, SpeculativeTotals
 from helios.launch import LaunchError, RunOptions
@@ -83,13 +82,6 @@ def _error(response: httpx.Response, status: int) -> dict:
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     return error
-
-
-def _wait_until(condition, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- /tokenize, /detokenize, /version
@@ -268,7 +260,7 @@ def test_preemptions_are_zero_and_client_aborts_are_counted():
         with running.client() as client, client.stream(
                 "POST", "/v1/completions", json={"model": MODEL, "prompt": "w" * 200, "max_tokens": 200, "stream": True}) as response:
             next(line for line in response.iter_lines() if line.startswith("data: "))
-        _wait_until(lambda: _value(_scrape(running), "flare_request_aborts_total", reason="client_gone") == 1, "the abort")
+        wait_until(lambda: _value(_scrape(running), "flare_request_aborts_total", reason="client_gone") == 1, "the abort")
         families = _scrape(running)
         assert _value(families, "flare_num_preemptions_total", model_name=MODEL) == 0
         assert _value(families, "flare_request_aborts_total", reason="shutdown_drain") == 0
@@ -330,7 +322,7 @@ def test_the_server_logs_stats_lines_at_the_interval(caplog):
     engine.base_stats = EngineStats(kv_pages_used=3, kv_pages_free=1)
     for running in _serve(engine, ServerConfig(log_stats_interval_s=0.05)):
         running.openai().completions.create(model=MODEL, prompt="abc", max_tokens=2)
-        _wait_until(lambda: any(r.name == "flare.stats" for r in caplog.records), "a stats line")
+        wait_until(lambda: any(r.name == "flare.stats" for r in caplog.records), "a stats line")
     line = next(r.getMessage() for r in caplog.records if r.name == "flare.stats")
     assert line.startswith("running: 0 reqs, waiting: 0 reqs, pages used: 75.0% (3 of 4), prompt throughput: ")
 
