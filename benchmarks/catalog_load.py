@@ -1,7 +1,7 @@
 """Catalog load figures: validation (hashes), weights, and program materialization.
 
 Usage: .venv/bin/python benchmarks/catalog_load.py CATALOG [--threads N]
-Prints seconds for helios.catalog.load, the weights, the first program, and
+Prints seconds for helios.catalog.load.load, the weights, the first program, and
 the mean of the remaining programs (each loaded once; nothing is run).
 """
 
@@ -20,7 +20,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    from helios.catalog import load
+    from helios.catalog.load import load
 
     catalog = load(args.catalog)
     loaded = time.perf_counter()

@@ -18,9 +18,9 @@ import argparse
 import asyncio
 import time
 
-from helios.catalog import load
-from helios.engine import EngineConfig, HeliosEngine
-from helios.engine_api import GenerationRequest, SamplingParams
+from helios.catalog.load import load
+from helios.runtime.engine import EngineConfig, HeliosEngine
+from helios.runtime.engine_api import GenerationRequest, SamplingParams
 
 
 async def _stream(engine: HeliosEngine, rid: str, tokens: int) -> int:

@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helios.simulation_files import load_catalog, parse_trace  # noqa: E402
-from helios.simulator import SimulationOptions, SimulationResult, simulate  # noqa: E402
+from helios.sim.files import load_catalog, parse_trace  # noqa: E402
+from helios.sim.simulator import SimulationOptions, SimulationResult, simulate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NONE, HIGH = [0.05, 0.01], [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65]

@@ -47,8 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helios.simulation_files import MAX_REQUEST_SLOTS, parse_catalog, parse_trace  # noqa: E402
-from helios.simulator import Simulation, SimulationOptions  # noqa: E402
+from helios.sim.files import MAX_REQUEST_SLOTS, parse_catalog, parse_trace  # noqa: E402
+from helios.sim.simulator import Simulation, SimulationOptions  # noqa: E402
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)

@@ -41,8 +41,8 @@ from rich.table import Table
 from helios.bench.client import Target
 from helios.bench.datasets import DatasetSpec, LengthRange
 from helios.bench.runner import BenchConfig, run_benchmark
-from helios.catalog import CatalogError, load
-from helios.engine import fixed_widths
+from helios.catalog.load import CatalogError, load
+from helios.runtime.engine import fixed_widths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helios"))
 from server_process import wait_ready  # noqa: E402  (the tests' wait for /health, shared)

@@ -1,7 +1,7 @@
 """The catalog manifest and the program contract it records, as plain data.
 
 ``catalog.yaml`` (docs/catalog-format.md) is written by ``ignition.capture``
-and read by ``helios.catalog`` through these same dataclasses, so the writer
+and read by ``helios.catalog.load`` through these same dataclasses, so the writer
 and the reader cannot drift apart. Validation beyond the shape of the data,
 and everything that touches tensors or program files, stays with the reader.
 Nothing here imports torch.

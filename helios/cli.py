@@ -16,10 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from flare_contract.cli import run_app
-from helios.simulation_files import SimulationFileError, load_catalog, load_trace
-from helios.simulation_trace import write_trace_events
-from helios.simulator import SimulationError, SimulationOptions, SimulationResult, simulate as run_simulation
-from helios.waiting import DEFAULT_MAX_WAITING
+from helios.sim.files import SimulationFileError, load_catalog, load_trace
+from helios.sim.trace import write_trace_events
+from helios.sim.simulator import SimulationError, SimulationOptions, SimulationResult, simulate as run_simulation
+from helios.runtime.waiting import DEFAULT_MAX_WAITING
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Flare runtime: serve, simulate and benchmark prepared catalogs.")
 stderr = Console(stderr=True)
@@ -60,7 +60,7 @@ def run(
     """Serve a catalog over an OpenAI-compatible HTTP API (docs/cli.md, docs/runtime.md)."""
     import logging
 
-    from helios.catalog import CatalogError
+    from helios.catalog.load import CatalogError
     from helios.launch import LaunchError, RunOptions, run as serve_catalog
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)

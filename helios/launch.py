@@ -4,13 +4,13 @@
 1. find the catalog (with none given: the bundled default, captured once into
    a per-user cache folder under a file lock; the only runtime path that
    imports ``ignition``, lazily);
-2. load and validate it: the manifest and files (``helios.catalog.load``),
+2. load and validate it: the manifest and files (``helios.catalog.load.load``),
    every program archive unless ``--trust-catalog``, and that this machine can
    hold its state;
 3. allocate the persistent state and build the engine (scheduler, pages);
 4. warm up: load every program and call it once with all rows inactive;
 5. serve over HTTP until SIGTERM/SIGINT, then drain;
-6. with ``--dump-estimates FILE``: write the learned durations (helios/estimates.py).
+6. with ``--dump-estimates FILE``: write the learned durations (helios/sim/estimates.py).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from helios.catalog import Catalog, CatalogError, load
-from helios.engine import SPECULATION_MODES, EngineConfig, HeliosEngine, select_programs
-from helios.estimates import estimates_document, write_estimates
+from helios.catalog.load import Catalog, CatalogError, load
+from helios.runtime.engine import SPECULATION_MODES, EngineConfig, HeliosEngine, select_programs
+from helios.sim.estimates import estimates_document, write_estimates
 from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
-from helios.waiting import DEFAULT_MAX_WAITING
+from helios.runtime.waiting import DEFAULT_MAX_WAITING
 
 log = logging.getLogger("flare.run")
 

@@ -18,7 +18,7 @@ for path in (ROOT, ROOT / "tests" / "helios"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from helios.catalog import load  # noqa: E402
+from helios.catalog.load import load  # noqa: E402
 from tiny_catalog import cache_folder, eager_programs, tiny_catalog_path  # noqa: E402
 
 

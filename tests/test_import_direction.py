@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IGNITION_MAY_IMPORT = ("helios.ops",)
 IGNITION_CROSSINGS = {
     ("ignition/cli.py", "helios.direct.serve"),  # `ignition debug-serve --direct` runs the runtime's engine
-    ("ignition/capture/inspect.py", "helios.catalog"),  # `ignition inspect` validates with the reader itself
+    ("ignition/capture/inspect.py", "helios.catalog.load"),  # `ignition inspect` validates with the reader itself
 }
 # helios -> ignition: `flare run` with no catalog captures the bundled model, inside that function only.
 HELIOS_CROSSINGS = {

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from helios.catalog import Catalog
+from helios.catalog.load import Catalog
 from helios.direct.scheduler import Decision, DirectScheduler
-from helios.engine import EngineConfig, HeliosEngine
-from helios.executor import Program
+from helios.runtime.engine import EngineConfig, HeliosEngine
+from helios.runtime.executor import Program
 
 
 class DirectEngine(HeliosEngine):
-    """A ``helios.engine_api.Engine`` scheduled by ``DirectScheduler``."""
+    """A ``helios.runtime.engine_api.Engine`` scheduled by ``DirectScheduler``."""
 
     def __init__(self, catalog: Catalog, config: EngineConfig = EngineConfig(),
                  program_for: Callable[[str], Program] | None = None,

@@ -18,10 +18,10 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from helios.catalog import load
+from helios.catalog.load import load
 from helios.direct.engine import DirectEngine
 from helios.direct.scheduler import Decision
-from helios.engine import EngineConfig
+from helios.runtime.engine import EngineConfig
 from helios.launch import bind_listener
 from helios.server.app import ServerConfig, create_app
 from helios.server.serve import DEFAULT_GRACE_S, DRAIN_MARGIN_S, DrainingServer

@@ -32,7 +32,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from helios.engine_api import Engine, EngineUnavailable, GenerationFailed, RequestRejected
+from helios.runtime.engine_api import Engine, EngineUnavailable, GenerationFailed, RequestRejected
 from helios.server.auth import BearerAuth
 from helios.server.errors import ApiError, bad_request, cut, generation_failed, internal, model_not_found, too_large, unavailable
 from helios.server.generation import CLIENT_CLOSED, ClientGone, Generation, collect_text

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 
-from helios.engine_api import GenerationFailed, QueueTimeout
+from helios.runtime.engine_api import GenerationFailed, QueueTimeout
 
 INVALID_REQUEST = "invalid_request_error"
 SHOWN_CHARS = 80  # the most of a client's value an error message quotes

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from helios.engine_api import Engine, FinishReason, GenerationFailed, GenerationRequest, QueueTimeout, TextDelta
+from helios.runtime.engine_api import Engine, FinishReason, GenerationFailed, GenerationRequest, QueueTimeout, TextDelta
 from helios.server.metrics import FINISH_OUTCOMES, DeliveryClock, ServerMetrics
 from helios.server.request_log import FinishedRequest, log_request
 from helios.server.responses import Usage

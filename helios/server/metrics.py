@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from helios.engine_api import EngineStats
+from helios.runtime.engine_api import EngineStats
 
 CATEGORIES = ("ordinary", "discovery", "timing_refresh", "acceptance_learning")  # spec D9, SelectionReason values
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

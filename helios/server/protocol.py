@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from helios.engine_api import ChatTemplateError, EngineTokenizer, GenerationRequest, SamplingParams, fewest_tokens
+from helios.runtime.engine_api import ChatTemplateError, EngineTokenizer, GenerationRequest, SamplingParams, fewest_tokens
 from helios.server.errors import ApiError, bad_request, cut, model_not_found
 
 log = logging.getLogger(__name__)
@@ -435,6 +435,6 @@ def _int64_seed(seed: int) -> int:
     """A seed in ``SEED_RANGE`` as the int64 with the same 64 bits: 2**64 - 1 and -1 are one seed.
 
     The engine's ``seed`` input is int64 and its sampler reads the seed's bits
-    (helios.executor.int64_seed does the same for the engine's other callers).
+    (helios.runtime.executor.int64_seed does the same for the engine's other callers).
     """
     return (seed + 2**63) % 2**64 - 2**63

@@ -39,7 +39,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from helios.engine_api import Engine
+from helios.runtime.engine_api import Engine
 from helios.server.app import ServerConfig, create_app
 from helios.server.errors import request_timeout
 

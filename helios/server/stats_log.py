@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from helios.engine_api import EngineStats
+from helios.runtime.engine_api import EngineStats
 
 log = logging.getLogger("flare.stats")
 

@@ -21,7 +21,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from helios.engine_api import GenerationFailed
+from helios.runtime.engine_api import GenerationFailed
 from helios.server.errors import generation_failed
 from helios.server.generation import Generation
 from helios.server.responses import ResponseHeader, ResponseShape

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import field_validator
 
-from helios.engine_api import ChatTemplateError
+from helios.runtime.engine_api import ChatTemplateError
 from helios.server.errors import bad_request, model_not_found
 from helios.server.protocol import ChatMessage, ModelLimits, Text, _Body
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from flare_contract.manifest import ProgramEntry, descriptor_to_dict
-from helios.catalog import Catalog, load
+from helios.catalog.load import Catalog, load
 
 
 @dataclass(frozen=True, slots=True)

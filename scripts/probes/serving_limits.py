@@ -251,7 +251,7 @@ def slow_client(base: str, pid: int, wait_s: float) -> dict:
 def tokenizer_gil(size: int) -> dict:
     from tokenizers import Tokenizer
 
-    from helios.tokenizer import CheckpointTokenizer
+    from helios.text.tokenizer import CheckpointTokenizer
 
     folder = REPO / "ignition/models/bundled/flare-tiny/target"
     raw, ours = Tokenizer.from_file(str(folder / "tokenizer.json")), CheckpointTokenizer.from_folder(folder)

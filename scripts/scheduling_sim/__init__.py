@@ -5,7 +5,7 @@ shapes       the smallest captured program that fits a chosen batch, chunk and w
 queues       who gets a free request slot: FIFO or the Virtual Token Counter
 speculation  decode width per round: plain, fixed k + 1, or SmartSpec's goodput choice
 baselines    the prefill-first and decode-first engines and the named baseline set
-driver       a discrete-event driver with helios.simulator's device model
+driver       a discrete-event driver with helios.sim.simulator's device model
 helios_adapter  the real Helios scheduler behind the interface (for the driver parity test)
 workloads    the seeded workload set, scaled to the catalog's capacity
 metrics      vLLM bench-serve metrics, Jain's index, VTC service difference

@@ -1,6 +1,6 @@
 """A discrete-event driver for baseline schedulers, with the simulator's device model.
 
-``helios.simulator`` drives only the real Helios scheduler, so the baselines
+``helios.sim.simulator`` drives only the real Helios scheduler, so the baselines
 get this small driver. It mirrors the simulator's synthetic device exactly and
 reuses its pieces (``SyntheticDevice`` for seeded durations, ``accepted_drafts``
 for acceptance draws, the result types): frames run one after another in
@@ -10,7 +10,7 @@ L offers L - 1 drafts and commits the accepted prefix plus one token; nothing
 is emitted past ``max_tokens``; every lane with tokens is one visible burst at
 the frame's completion. Arrivals wait in arrival order until the scheduler
 admits them. ``tests/scripts/test_scheduling_sim.py`` runs the real scheduler
-through this driver (``helios_adapter``) and through ``helios.simulator`` and
+through this driver (``helios_adapter``) and through ``helios.sim.simulator`` and
 checks that both give the same outcome.
 """
 
@@ -20,8 +20,8 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from helios.simulation_files import SyntheticCatalog, Trace
-from helios.simulator import Burst, PlanRecord, RequestOutcome, SimulationResult, SyntheticDevice, accepted_drafts
+from helios.sim.files import SyntheticCatalog, Trace
+from helios.sim.simulator import Burst, PlanRecord, RequestOutcome, SimulationResult, SyntheticDevice, accepted_drafts
 from scripts.scheduling_sim.interface import Baseline, Frame, FrameDone, Lane, LaneResult, Stream
 
 

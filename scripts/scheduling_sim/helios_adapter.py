@@ -1,7 +1,7 @@
 """The real ``helios.scheduler.Scheduler`` behind the baseline interface.
 
-The report runs Helios through ``helios.simulator`` itself. This adapter runs
-the same scheduler through this package's driver, the way ``helios.simulator``
+The report runs Helios through ``helios.sim.simulator`` itself. This adapter runs
+the same scheduler through this package's driver, the way ``helios.sim.simulator``
 drives it (measured catalog at time zero, admission while a slot is free,
 plan/commit until it declines, complete then publish), so a test can check
 that the driver's device model and the simulator's agree on a trace.
@@ -15,7 +15,7 @@ from collections import deque
 
 from helios.scheduler import AdmitRequest, CompletionRecord, ExecutionTiming, RequestHandle, Scheduler
 from helios.scheduler.config import PolicyConfig
-from helios.simulation_files import SyntheticCatalog
+from helios.sim.files import SyntheticCatalog
 from scripts.scheduling_sim.interface import Frame, FrameDone, Lane, LaneResult, Stream
 
 
@@ -36,7 +36,7 @@ class HeliosAdapter:
 
     def admit(self, stream: Stream, now_ns: int) -> bool:
         if stream.spec.preseed_acceptance:
-            raise ValueError(f"request {stream.spec.id!r}: preseed_acceptance runs only in helios.simulator")
+            raise ValueError(f"request {stream.spec.id!r}: preseed_acceptance runs only in helios.sim.simulator")
         self.scheduler.advance_to(now_ns)
         if self.active >= self.slots:
             return False
@@ -58,7 +58,7 @@ class HeliosAdapter:
         if plan is None:
             return None
         if plan.graph.is_prefix_limit:
-            raise ValueError(f"{plan.graph.id}: device-allocated rounds run only in helios.simulator")
+            raise ValueError(f"{plan.graph.id}: device-allocated rounds run only in helios.sim.simulator")
         self.fence += 1
         self.scheduler.commit(plan, self.fence)
         self.fences.append(self.fence)

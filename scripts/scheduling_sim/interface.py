@@ -1,7 +1,7 @@
 """What every baseline scheduler sees and returns: streams, frames and lane results.
 
 A baseline is driven by ``driver.run`` through three calls, mirroring the way
-``helios.simulator`` drives the real scheduler:
+``helios.sim.simulator`` drives the real scheduler:
 
 - ``admit(stream, now_ns) -> bool``: a request arrived (the driver offers
   waiting requests in arrival order; False keeps it in the driver's queue);
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from flare_contract.graphs import GraphDescriptor, GraphKind
-from helios.simulation_files import TraceRequest
+from helios.sim.files import TraceRequest
 
 
 @dataclass(slots=True)

@@ -37,8 +37,8 @@ import numpy as np
 # The shared definitions (flare bench measures real servers with the same ones); jain_index is re-exported.
 from helios.bench.metrics import Distribution, RequestLatency, Slo, Stream, jain_index  # noqa: F401
 from helios.bench.metrics import windowed_jain as shared_windowed_jain
-from helios.simulation_files import Trace
-from helios.simulator import RequestOutcome, SimulationResult
+from helios.sim.files import Trace
+from helios.sim.simulator import RequestOutcome, SimulationResult
 
 NS_PER_MS = 1_000_000
 

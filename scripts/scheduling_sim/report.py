@@ -2,7 +2,7 @@
 
     python -m scripts.scheduling_sim.report --catalog examples/simulation/catalog.yaml --out reports/sim/
 
-Helios runs through ``helios.simulator.simulate`` itself (the code behind
+Helios runs through ``helios.sim.simulator.simulate`` itself (the code behind
 ``flare simulate``); the baselines run through ``driver.run``, which has the
 same device model. Every workload runs with each seed; the tables show the
 mean over seeds and each figure as a ratio Helios / baseline. ``--quick``
@@ -20,8 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from helios.simulation_files import SimulationFileError, load_catalog
-from helios.simulator import simulate
+from helios.sim.files import SimulationFileError, load_catalog
+from helios.sim.simulator import simulate
 from scripts.scheduling_sim.baselines import baseline_specs
 from scripts.scheduling_sim.driver import run
 from scripts.scheduling_sim.metrics import Distribution, Metrics, Slo, measure

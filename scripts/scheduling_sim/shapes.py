@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
-from helios.simulation_files import SyntheticCatalog
+from helios.sim.files import SyntheticCatalog
 
 
 class Shapes:

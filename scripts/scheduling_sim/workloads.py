@@ -21,7 +21,7 @@ Workloads (``build_workloads``):
 - ``spec-low`` / ``spec-high``: Poisson load at 60 % of capacity with
   sampled per-position acceptance 0.35 or 0.85 (prefix survival alpha^d).
 
-Client ids are not a trace field (``helios.simulation_files`` refuses unknown
+Client ids are not a trace field (``helios.sim.files`` refuses unknown
 request fields), so each workload keeps them in its own ``clients`` table.
 """
 
@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass, field
 
 from helios.scheduler.config import PolicyConfig
-from helios.simulation_files import FixedAcceptance, SampledAcceptance, Trace, TraceRequest
+from helios.sim.files import FixedAcceptance, SampledAcceptance, Trace, TraceRequest
 from scripts.scheduling_sim.shapes import Shapes
 
 NS_PER_MS = 1_000_000

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from helios.scheduler.types import AdmitRequest, ScheduledPlan
-from helios.simulation_files import parse_catalog, parse_trace
-from helios.simulator import Simulation, SimulationOptions
+from helios.sim.files import parse_catalog, parse_trace
+from helios.sim.simulator import Simulation, SimulationOptions
 
 MS = 1_000_000
 

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from helios.engine import EngineConfig, HeliosEngine
-from helios.engine_api import EngineOverloaded, GenerationRequest, QueueTimeout, SamplingParams, fewest_tokens
+from helios.runtime.engine import EngineConfig, HeliosEngine
+from helios.runtime.engine_api import EngineOverloaded, GenerationRequest, QueueTimeout, SamplingParams, fewest_tokens
 from helios.server.serve import body_limit
-from helios.tokenizer import CheckpointTokenizer, max_token_bytes
-from helios.waiting import WaitingLine
+from helios.text.tokenizer import CheckpointTokenizer, max_token_bytes
+from helios.runtime.waiting import WaitingLine
 
 GREEDY = SamplingParams(temperature=0.0)
 BUNDLED_TOKENIZER = Path(__file__).resolve().parents[2] / "ignition/models/bundled/flare-tiny/target"

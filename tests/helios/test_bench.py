@@ -30,7 +30,7 @@ from helios.bench.runner import BenchConfig, run_benchmark  # noqa: E402
 from helios.bench.server_metrics import deltas, _flare_samples  # noqa: E402
 from helios.bench.summary import stream, summarize, to_json  # noqa: E402
 from helios.cli import app  # noqa: E402
-from helios.engine_api import EngineStats, ExecutionTotals, SpeculativeTotals  # noqa: E402
+from helios.runtime.engine_api import EngineStats, ExecutionTotals, SpeculativeTotals  # noqa: E402
 from helios.server.app import ServerConfig  # noqa: E402
 
 TOKEN_DELAY_S = 0.02

@@ -1,4 +1,4 @@
-"""helios.catalog: load and validate a captured catalog (issue 2 item 8; C1, C11)."""
+"""helios.catalog.load: load and validate a captured catalog (issue 2 item 8; C1, C11)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from flare_contract.manifest import FORMAT_VERSION, CatalogError, descriptor_from_dict, descriptor_to_dict
-from helios.catalog import load
+from helios.catalog.load import load
 from ignition.capture import write_catalog
 from ignition.capture.stand_in import (HIDDEN, StandInProgram, stand_in_inputs, stand_in_source, stand_in_state,
                                        stand_in_weights)
@@ -203,7 +203,7 @@ def test_a_fresh_process_loads_and_runs_without_importing_ignition(catalog_dir):
     script = textwrap.dedent(
         f"""
         import sys, torch
-        from helios.catalog import load
+        from helios.catalog.load import load
         catalog = load({str(catalog_dir)!r})
         state = catalog.allocate_state()
         slots = torch.tensor([1], dtype=torch.int32)
@@ -249,13 +249,13 @@ def test_a_program_running_the_draft_gets_target_then_prefixed_draft_weights(tmp
 
 
 def test_memoized_schema_type_hints_deserialize_the_same_program(catalog_dir):
-    """Loading resolves torch's export schema annotations once per class (helios.catalog): the program
+    """Loading resolves torch's export schema annotations once per class (helios.catalog.load): the program
     it deserializes must be the one plain torch.export.load gives, graph and signature alike."""
     import typing
 
     from torch._export.serde import serialize
 
-    from helios import catalog as catalog_module
+    from helios.catalog import load as catalog_module
 
     path = catalog_dir / load(catalog_dir).entry("decode_b4").file
     saved = serialize.typing

@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 
 from flare_contract.manifest import CatalogError, file_sha256
 from helios import launch
-from helios.catalog import load
+from helios.catalog.load import load
 from helios.cli import app as flare_app
-from helios.program_archive import archive_problem
+from helios.catalog.archive import archive_problem
 from ignition.capture import write_catalog
 from ignition.capture.stand_in import stand_in_inputs, stand_in_source, stand_in_state
 from ignition.cli import app as ignition_app

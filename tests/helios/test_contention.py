@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helios.simulation_files import load_catalog, parse_trace
-from helios.simulator import RequestOutcome, SimulationOptions, SimulationResult, simulate
+from helios.sim.files import load_catalog, parse_trace
+from helios.sim.simulator import RequestOutcome, SimulationOptions, SimulationResult, simulate
 
 CATALOG = Path(__file__).resolve().parents[2] / "examples" / "simulation" / "catalog.yaml"
 MS = 1_000_000

@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from helios import launch
-from helios.catalog import RECIPE_KEYS
+from helios.catalog.load import RECIPE_KEYS
 from helios.cli import app as flare_app
 from ignition.cli import app as ignition_app
 

@@ -1,10 +1,10 @@
-"""Incremental detokenization and stop buffering (helios.detokenize)."""
+"""Incremental detokenization and stop buffering (helios.runtime.detokenize)."""
 
 from __future__ import annotations
 
 import pytest
 
-from helios.detokenize import IncrementalDecoder, OutputText, StopBuffer
+from helios.runtime.detokenize import IncrementalDecoder, OutputText, StopBuffer
 
 
 class Bytes:

@@ -17,8 +17,8 @@ import torch
 
 from eager_target import assert_same_or_near_tie
 from engine_driver import serve, wait_idle
-from helios.engine import EngineConfig, HeliosEngine, prompt_lookup
-from helios.engine_api import (
+from helios.runtime.engine import EngineConfig, HeliosEngine, prompt_lookup
+from helios.runtime.engine_api import (
     EngineUnavailable,
     FinishReason,
     GenerationFailed,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
-from helios.executor import Executor, LaneContext, RowSampling, bind, row_lengths
+from helios.runtime.executor import Executor, LaneContext, RowSampling, bind, row_lengths
 from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle, ScheduledPlan, SelectionReason
 
 MIXED = GraphDescriptor("mixed_b4_w2_p64", GraphKind.MIXED, batch_capacity=4, proposal_depth=1, width=2,
@@ -220,7 +220,7 @@ def _pl_program(verified=(3, 2, 0, 0), counts=(1, 1, 0, 0), confidence=None, **s
     (_pl_program(survival=[[0.5, 0.5]] * 4), "survival has shape \\(4, 2\\), expected \\(4, 3\\)"),
 ])
 def test_A2_malformed_outputs_fail_the_frame_before_any_record_exists(program, match):
-    from helios.frame_outputs import FrameOutputError
+    from helios.runtime.frame_outputs import FrameOutputError
 
     lanes = [decode_lane(2, ceiling=4), decode_lane(0, ceiling=2)]
     with pytest.raises(FrameOutputError, match=match):
@@ -228,7 +228,7 @@ def test_A2_malformed_outputs_fail_the_frame_before_any_record_exists(program, m
 
 
 def test_A2_S2_device_allocation_beyond_P_fails_the_frame():
-    from helios.frame_outputs import FrameOutputError
+    from helios.runtime.frame_outputs import FrameOutputError
 
     lanes = [decode_lane(s, ceiling=4) for s in range(3)]
     program = _pl_program(verified=(4, 4, 1, 0), counts=(1, 1, 1, 0))
@@ -237,7 +237,7 @@ def test_A2_S2_device_allocation_beyond_P_fails_the_frame():
 
 
 def test_A2_a_program_declaring_confidence_must_return_it():
-    from helios.frame_outputs import FrameOutputError
+    from helios.runtime.frame_outputs import FrameOutputError
 
     lanes = [decode_lane(2, ceiling=4)]
     program = V2Program([[5, 0, 0, 0]] + [[0] * 4] * 3, [1, 0, 0, 0], [1, 0, 0, 0])
@@ -246,7 +246,7 @@ def test_A2_a_program_declaring_confidence_must_return_it():
 
 
 def test_S1_a_host_allocated_row_must_verify_exactly_what_the_host_bound():
-    from helios.frame_outputs import FrameOutputError
+    from helios.runtime.frame_outputs import FrameOutputError
 
     lanes = [decode_lane(1, 3)]
     program = V2Program([[5, 0, 0, 0], [0] * 4], [1, 0], [4, 0])

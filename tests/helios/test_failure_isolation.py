@@ -20,10 +20,10 @@ import asyncio
 
 import pytest
 
-import helios.executor
+import helios.runtime.executor
 from engine_driver import serve, wait_idle
-from helios.engine import EngineConfig, HeliosEngine
-from helios.engine_api import FinishReason, GenerationFailed, GenerationRequest, SamplingParams
+from helios.runtime.engine import EngineConfig, HeliosEngine
+from helios.runtime.engine_api import FinishReason, GenerationFailed, GenerationRequest, SamplingParams
 
 TOKENS = 24
 BACKGROUND = ("the river runs under the old bridge", "copper lantern signal", "import os and sys")
@@ -72,12 +72,12 @@ class Fault:
 
 
 def inject_in_row_packing(monkeypatch, engine, fault: Fault) -> None:
-    pack = helios.executor._row_inputs
+    pack = helios.runtime.executor._row_inputs
 
     def packing(graph, rows, contexts):
         fault.maybe_raise(contexts[r.lane.handle].sampling.seed for r in rows)
         return pack(graph, rows, contexts)
-    monkeypatch.setattr(helios.executor, "_row_inputs", packing)
+    monkeypatch.setattr(helios.runtime.executor, "_row_inputs", packing)
 
 
 def inject_in_program_call(monkeypatch, engine, fault: Fault) -> None:

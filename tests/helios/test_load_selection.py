@@ -1,11 +1,11 @@
-"""Load-time program selection (spec C6, Y3): ``helios.engine.select_programs``."""
+"""Load-time program selection (spec C6, Y3): ``helios.runtime.engine.select_programs``."""
 
 from __future__ import annotations
 
 import pytest
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
-from helios.engine import select_programs
+from helios.runtime.engine import select_programs
 
 SPEC = GraphKind.SPECULATIVE
 CATALOG = (

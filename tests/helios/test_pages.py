@@ -1,4 +1,4 @@
-"""The KV page allocator (helios.pages): claims, per-lane reservations, fenced release (A6, A13)."""
+"""The KV page allocator (helios.runtime.pages): claims, per-lane reservations, fenced release (A6, A13)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helios.pages import PageAllocator, PageLayout, PagesExhausted
+from helios.runtime.pages import PageAllocator, PageLayout, PagesExhausted
 
 LAYOUT = PageLayout(request_slots=4, page_size=16, num_pages=20, max_pages_per_slot=8)
 EXAMPLES = 30 if os.environ.get("FLARE_TEST_SCALE") == "ci" else 150

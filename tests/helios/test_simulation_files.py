@@ -9,7 +9,7 @@ import pytest
 
 from flare_contract.graphs import GraphKind, ValueSource
 from helios.scheduler.config import PolicyConfig
-from helios.simulation_files import (
+from helios.sim.files import (
     FixedAcceptance,
     SampledAcceptance,
     SimulationFileError,

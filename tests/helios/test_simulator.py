@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from helios.cli import app
 from helios.scheduler.types import ExecutionTiming
-from helios.simulation_files import FixedAcceptance, SampledAcceptance, parse_catalog, parse_trace
-from helios.simulator import (
+from helios.sim.files import FixedAcceptance, SampledAcceptance, parse_catalog, parse_trace
+from helios.sim.simulator import (
     Simulation,
     SimulationOptions,
     accepted_drafts,

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helios.cli import app
-from helios.simulation_files import (
+from helios.sim.files import (
     FixedAcceptance,
     SimulationFileError,
     dump_yaml,
@@ -25,8 +25,8 @@ from helios.simulation_files import (
     parse_trace,
     trace_to_dict,
 )
-from helios.simulation_trace import trace_events
-from helios.simulator import simulate
+from helios.sim.trace import trace_events
+from helios.sim.simulator import simulate
 
 MS = 1_000_000
 REASONS = {"ordinary", "discovery", "timing_refresh", "acceptance_learning"}

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from flare_contract.graphs import GraphDescriptor, ValueSource
-from helios.engine import EngineConfig, HeliosEngine
-from helios.engine_api import GenerationRequest, SamplingParams
+from helios.runtime.engine import EngineConfig, HeliosEngine
+from helios.runtime.engine_api import GenerationRequest, SamplingParams
 from eager_target import assert_same_or_near_tie, reference_choice
 
 CI = os.environ.get("FLARE_TEST_SCALE") == "ci"

@@ -23,8 +23,8 @@ import pytest
 from typer.testing import CliRunner
 
 from helios.cli import app
-from helios.simulation_files import dump_yaml, load_catalog, parse_trace
-from helios.simulator import SimulationOptions, SimulationResult, simulate
+from helios.sim.files import dump_yaml, load_catalog, parse_trace
+from helios.sim.simulator import SimulationOptions, SimulationResult, simulate
 
 CATALOG = Path(__file__).resolve().parents[2] / "examples" / "simulation" / "catalog.yaml"
 FIRST_OUTPUT_MS = 100.0

@@ -25,7 +25,7 @@ PROGRAMS = ("prefill_p64", "prefill_p256", "decode_b1", "decode_b2", "decode_b4"
             "mixed_b2_w1_p64", "mixed_b2_w2_p256_spec")
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("ignition/models", "ignition/capture", "ignition/capacity", "ignition/recipes", "helios/ops",
-           "helios/catalog.py")
+           "helios/catalog/load.py")
 
 
 def source_digest() -> str:

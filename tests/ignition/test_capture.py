@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from helios.catalog import load
+from helios.catalog.load import load
 from ignition.capture import CaptureError, CaptureObserver, StagingError, write_catalog
 from ignition.capture.export import export_program
 from ignition.capture.stand_in import HIDDEN, StandInProgram, StandInSpec, stand_in_inputs, stand_in_source, stand_in_state
@@ -179,7 +179,7 @@ def test_mutation_through_a_view_marks_the_base_input(tmp_path):
 
 FRESH_PROCESS_RUNNER = """
 import sys, torch
-from helios.catalog import load
+from helios.catalog.load import load
 jobs_file, results_file = sys.argv[1:3]
 results = []
 for job in torch.load(jobs_file):

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from helios.direct.engine import DirectEngine
 from helios.direct.scheduler import DECISIONS_KEPT
 from helios.direct.serve import build_app
-from helios.engine import EngineConfig, HeliosEngine
-from helios.engine_api import GenerationRequest, SamplingParams
+from helios.runtime.engine import EngineConfig, HeliosEngine
+from helios.runtime.engine_api import GenerationRequest, SamplingParams
 from ignition.cli import app as ignition_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from flare_contract.graphs import GraphKind
-from helios.simulation_files import (
+from helios.sim.files import (
     FixedAcceptance,
     SampledAcceptance,
     Trace,
@@ -20,7 +20,7 @@ from helios.simulation_files import (
     parse_catalog,
 )
 from helios.scheduler.config import PolicyConfig
-from helios.simulator import Burst, RequestOutcome, SimulationResult, simulate
+from helios.sim.simulator import Burst, RequestOutcome, SimulationResult, simulate
 from scripts.scheduling_sim import report
 from scripts.scheduling_sim.baselines import DecodeFirst, PrefillFirst, baseline_specs
 from scripts.scheduling_sim.driver import DriverError, run
@@ -267,7 +267,7 @@ def test_every_baseline_finishes_the_example_trace():
 
 
 # ---------------------------------------------------------------------------
-# Driver: contract checks and agreement with helios.simulator
+# Driver: contract checks and agreement with helios.sim.simulator
 # ---------------------------------------------------------------------------
 
 
@@ -311,7 +311,7 @@ def _by_arrival(t: Trace) -> list[TraceRequest]:
 
 
 def test_driver_and_helios_simulator_agree_on_the_example_trace():
-    """The real scheduler through this driver and through helios.simulator: same bursts, same plans."""
+    """The real scheduler through this driver and through helios.sim.simulator: same bursts, same plans."""
     catalog = load_catalog(EXAMPLE_CATALOG)
     example = _example_trace_without_preseed()
     reference = simulate(catalog, example)
@@ -459,7 +459,7 @@ def test_report_rerenders_from_its_results_json(tmp_path, monkeypatch):
 def test_the_driver_follows_an_acceptance_schedule_as_the_helios_simulator_does():
     """All schedulers must see identical work: a trace's mid-stream acceptance change reaches the baselines
     too (the driver once drew from the request's first acceptance model for the whole stream)."""
-    from helios.simulation_files import AcceptanceChange
+    from helios.sim.files import AcceptanceChange
 
     changing = dataclasses.replace(request("s", 16, 50), acceptance=FixedAcceptance(0),
                                    acceptance_schedule=(AcceptanceChange(10, FixedAcceptance(3)),))

@@ -1,4 +1,4 @@
-"""A deterministic stand-in for the runtime engine, implementing ``helios.engine_api.Engine``.
+"""A deterministic stand-in for the runtime engine, implementing ``helios.runtime.engine_api.Engine``.
 
 Tokens are bytes (ids 0..255) plus EOS (256). The fake "generates" by echoing
 the prompt's bytes once, one token per delta, then EOS; ``max_tokens`` cuts it
@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from helios.engine_api import (
+from helios.runtime.engine_api import (
     EngineStats,
     EngineUnavailable,
     FinishReason,
@@ -29,7 +29,7 @@ from helios.engine_api import (
     RequestRejected,
     TextDelta,
 )
-from helios.chat_template import ChatTemplate
+from helios.text.chat_template import ChatTemplate
 
 EOS = 256
 FAKE_TEMPLATE = (

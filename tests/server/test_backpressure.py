@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_engine import ByteTokenizer, FakeEngine
 from server_process import serving_in_thread
-from helios.engine_api import EngineOverloaded, EngineStats, GenerationRequest, QueueTimeout, TextDelta
+from helios.runtime.engine_api import EngineOverloaded, EngineStats, GenerationRequest, QueueTimeout, TextDelta
 from helios.server.app import ServerConfig
 from helios.server.serve import DrainingServer, HttpLimits, uvicorn_server
 

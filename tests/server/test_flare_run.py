@@ -23,7 +23,7 @@ import pytest
 
 from helios import launch
 from helios.launch import LaunchError, RunOptions
-from helios.simulation_files import load_catalog
+from helios.sim.files import load_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
 from server_process import start_server, wait_ready  # noqa: E402

@@ -20,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_engine import EOS, FakeEngine
 from server_process import serving_in_thread, wait_until
-from helios.engine_api import EngineStats, ExecutionTotals, FinishReason, SpeculativeTotals
-from helios.engine_api import ChatTemplateError
+from helios.runtime.engine_api import EngineStats, ExecutionTotals, FinishReason, SpeculativeTotals
+from helios.runtime.engine_api import ChatTemplateError
 from helios.server.app import INLINE_PREPARE_BYTES, ServerConfig
-from helios.chat_template import ChatTemplate
+from helios.text.chat_template import ChatTemplate
 from helios.server.serve import DrainingServer, uvicorn_server
 
 CONTEXT = 128
@@ -615,8 +615,8 @@ def test_fake_engine_byte_rules():
 
 
 def test_checkpoint_tokenizer_on_the_bundled_files():
-    from helios.engine_api import EngineTokenizer
-    from helios.tokenizer import CheckpointTokenizer
+    from helios.runtime.engine_api import EngineTokenizer
+    from helios.text.tokenizer import CheckpointTokenizer
 
     tokenizer = CheckpointTokenizer.from_folder(REPO / "ignition/models/bundled/flare-tiny/target")
     assert isinstance(tokenizer, EngineTokenizer)

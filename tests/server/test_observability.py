@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from fake_engine import EOS, ByteTokenizer, FakeEngine
 from server_process import serving_in_thread, wait_until
 from helios import cli, launch
-from helios.engine_api import EngineStats, ExecutionTotals, SpeculativeTotals
+from helios.runtime.engine_api import EngineStats, ExecutionTotals, SpeculativeTotals
 from helios.launch import LaunchError, RunOptions
 from helios.server.app import ServerConfig
 from helios.server.serve import uvicorn_server

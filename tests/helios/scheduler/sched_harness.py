@@ -1,6 +1,6 @@
 """A tiny discrete-event driver of the real Scheduler for the scheduler's own tests.
 
-The simulator (helios/simulator.py) is the full test bed; this keeps the
+The simulator (helios/sim/simulator.py) is the full test bed; this keeps the
 scheduler tests independent of it. Frames run back to back on one device:
 each starts when it is committed or when the previous one ends, whichever is
 later, and lasts its graph's synthetic duration.

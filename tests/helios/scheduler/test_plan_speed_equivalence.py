@@ -621,8 +621,8 @@ def test_U5_U8_D8_population_facts_the_core_vouches_for_hold_and_decide_nothing(
     from plan_regression_cases import random_trace, varied_catalog
 
     from helios.scheduler import core
-    from helios.simulation_files import parse_catalog, parse_trace
-    from helios.simulator import Simulation, SimulationOptions
+    from helios.sim.files import parse_catalog, parse_trace
+    from helios.sim.simulator import Simulation, SimulationOptions
 
     seen = {"ordered": 0, "uniform_slope": 0, "positive": 0, "decisions": 0, "estimates": 0}
     select = pol.select

@@ -38,7 +38,7 @@ from flare_contract.manifest import (
     WeightSet,
     file_sha256,
 )
-from helios.program_archive import archive_problem
+from helios.catalog.archive import archive_problem
 
 __all__ = [
     "FORMAT_VERSION",

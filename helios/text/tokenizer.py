@@ -21,8 +21,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from helios.engine_api import ChatTemplateError
-from helios.chat_template import ChatTemplate
+from helios.runtime.engine_api import ChatTemplateError
+from helios.text.chat_template import ChatTemplate
 
 
 class CheckpointTokenizer:

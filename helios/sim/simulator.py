@@ -40,7 +40,7 @@ from helios.scheduler.types import (
     RequestHandle,
     ScheduledPlan,
 )
-from helios.simulation_files import (
+from helios.sim.files import (
     AcceptanceModel,
     FixedAcceptance,
     SimulationFileError,

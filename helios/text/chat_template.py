@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from helios.engine_api import ChatTemplateError
+from helios.runtime.engine_api import ChatTemplateError
 
 
 def _raise_exception(message: str) -> None:

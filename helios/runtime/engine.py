@@ -1,4 +1,4 @@
-"""The engine: the loop of DESIGN.md behind ``helios.engine_api.Engine``.
+"""The engine: the loop of DESIGN.md behind ``helios.runtime.engine_api.Engine``.
 
 Three threads (docs/runtime.md):
 
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
-from helios.catalog import Catalog
-from helios.detokenize import OutputText
-from helios.engine_api import (
+from helios.catalog.load import Catalog
+from helios.runtime.detokenize import OutputText
+from helios.runtime.engine_api import (
     EngineStats,
     EngineUnavailable,
     ExecutionTotals,
@@ -47,7 +47,7 @@ from helios.engine_api import (
     SpeculativeTotals,
     TextDelta,
 )
-from helios.executor import (
+from helios.runtime.executor import (
     BoundFrame,
     Executor,
     FrameResult,
@@ -59,7 +59,7 @@ from helios.executor import (
     row_sampling,
     takes_host_drafts,
 )
-from helios.pages import PageAllocator, PageLayout
+from helios.runtime.pages import PageAllocator, PageLayout
 from helios.scheduler import Scheduler
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.core import lane_output_bound
@@ -72,8 +72,8 @@ from helios.scheduler.types import (
     RequestHandle,
     ScheduledPlan,
 )
-from helios.tokenizer import CheckpointTokenizer
-from helios.waiting import DEFAULT_MAX_WAITING, RETRY_AFTER_S, WaitingLine
+from helios.text.tokenizer import CheckpointTokenizer
+from helios.runtime.waiting import DEFAULT_MAX_WAITING, RETRY_AFTER_S, WaitingLine
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ class _Counters:
 
 
 class HeliosEngine:
-    """Serves one catalog (implements ``helios.engine_api.Engine``)."""
+    """Serves one catalog (implements ``helios.runtime.engine_api.Engine``)."""
 
     def __init__(self, catalog: Catalog, config: EngineConfig = EngineConfig(),
                  program_for: Callable[[str], Program] | None = None) -> None:

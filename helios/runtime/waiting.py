@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from helios.engine_api import EngineOverloaded
+from helios.runtime.engine_api import EngineOverloaded
 
 DEFAULT_MAX_WAITING = 256
 RETRY_AFTER_S = 1  # what a refused client is told: the line moves every time a request finishes

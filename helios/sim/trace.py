@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from helios.simulator import PlanRecord, SimulationResult
+from helios.sim.simulator import PlanRecord, SimulationResult
 
 PID = 1
 DEVICE_TID = 0

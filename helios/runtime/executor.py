@@ -21,7 +21,7 @@ chunk and may publish one first token (A13); a decode row commits its
 accepted drafts plus one, cut after an end-of-sequence token, and offers
 ``verified_lens - 1`` drafts. Confidence (C12) and survival (C13) rows ride on
 the records, survival trimmed to what the row verified. Outputs are checked
-(``helios.frame_outputs``) before any record exists, so a malformed frame
+(``helios.runtime.frame_outputs``) before any record exists, so a malformed frame
 never reaches the scheduler (A2).
 """
 
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from flare_contract.graphs import GraphDescriptor, GraphKind
-from helios.frame_outputs import FrameOutputs, read_outputs
+from helios.runtime.frame_outputs import FrameOutputs, read_outputs
 from helios.ops.layout import NO_PAGE
-from helios.pages import PageAllocator, PageLayout
+from helios.runtime.pages import PageAllocator, PageLayout
 from helios.scheduler import rounds
 from helios.scheduler.types import CompletionRecord, ExecutionTiming, LanePhase, PlannedLane, ScheduledPlan
 

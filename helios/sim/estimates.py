@@ -2,7 +2,7 @@
 
 On exit the server writes what its scheduler learned about each program's
 device interval in the format ``flare simulate`` reads (docs/simulation.md,
-parsed by ``helios.simulation_files``), so a real deployment's timings can be
+parsed by ``helios.sim.files``), so a real deployment's timings can be
 replayed on the simulator. A program is written only if the scheduler has
 measured it; the others are named in a comment, as are programs of a kind the
 simulator does not model (e.g. scored prefill). Nothing is written when no
@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from flare_contract.graphs import GraphDescriptor, GraphKind
-from helios.simulation_files import SIMULATED_KINDS
+from helios.sim.files import SIMULATED_KINDS
 
 
 def synthetic_entry(graph: GraphDescriptor, duration_ns: int) -> dict[str, Any]:
