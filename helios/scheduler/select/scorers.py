@@ -1,0 +1,161 @@
+"""Scores (U6, U8) and the group scorers of measured rectangular, prefill and mixed programs.
+
+The selection objective of a graph of known duration T is its value rate
+(U6, ``utility.value_rate``): (served value + c*sigma*T) / T minus the
+waiting cost T/2 times the active age price. ``rate`` is the one place
+selection writes that arithmetic out (the same operations in the same order
+as ``value_rate``, without its argument check, for the hot loops); a graph
+whose duration is unknown scores its optimistic work instead (U8, ``score``).
+
+The group scorers read one group's shared rankings (U9) and write every
+member's score to ``Out``: a measured program's score and ``Cohort`` go to
+two flat lists by catalog position, anything else as a full entry.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from helios.scheduler.select.rankings import Cohort, Selector
+from helios.scheduler.select.timing import GraphTiming
+from helios.scheduler.utility import optimistic_work_score
+
+if TYPE_CHECKING:
+    from helios.scheduler.select.catalog import Group
+
+MISSING = -math.inf  # ``Out.scores`` of a graph with no measured candidate (scores are finite)
+
+
+def rate(value: float, slope: float, t_ms: float, active: float) -> float:
+    """U6: ``value_rate(value + slope * t_ms, t_ms, active)`` for t_ms > 0, with the same floats."""
+    return (value + slope * t_ms) / t_ms - 0.5 * t_ms * active
+
+
+def score(value: float, slope: float, timing: GraphTiming, active: float) -> float:
+    """A cohort's score: its value rate when the duration is known (U6), else its optimistic work (U8)."""
+    if not timing.known:
+        return optimistic_work_score(value)
+    return rate(value, slope, timing.duration_ns / 1e6, active)
+
+
+class Out:
+    """Where the group scorers write a decision's candidates.
+
+    A measured program's score and cohort go to two flat lists indexed by
+    catalog position (no per-program rank tuple: the leader is then found by
+    ``max``, ``count`` and ``index`` over plain floats); anything else -- an
+    unknown duration's entry, a deferred candidate, a ragged or prefix-limit
+    program's own result -- goes to ``entries`` as the full entry it is:
+    ``(rank key, catalog index, payload)``, where the rank key is
+    (unknown duration, score) and the payload a ``Cohort`` or a built candidate.
+    """
+
+    __slots__ = ("scores", "payloads", "entries")
+
+    def __init__(self, size: int) -> None:
+        self.scores: list[float] = [MISSING] * size
+        self.payloads: list[Cohort | None] = [None] * size
+        self.entries: dict[int, object] = {}
+
+    def put(self, index: int, known: bool, value: float, payload: Cohort) -> None:
+        if known:
+            self.scores[index] = value
+            self.payloads[index] = payload
+        else:
+            self.entries[index] = (True, value), index, payload
+
+    def add(self, entry) -> None:
+        if entry is not None:
+            self.entries[entry[1]] = entry
+
+    def entry(self, index: int):
+        """The ``(rank key, index, payload)`` entry of a graph, or None (or a ``Deferred``)."""
+        value = self.scores[index]
+        if value != MISSING:
+            return (False, value), index, self.payloads[index]
+        return self.entries.get(index)
+
+    def all_entries(self) -> list:
+        """Every graph's entry in catalog order (deferred candidates included)."""
+        return [self.entry(index) for index in range(len(self.scores))]
+
+
+def score_rectangular(sel: Selector, group: "Group", timings, out: Out) -> None:
+    """Rectangular decode and speculative programs of one width: the best B lanes of one ranking (U9).
+
+    The hottest loop of a decision, so it reads the shared prefix sums directly:
+    an unknown duration scores its optimistic work (U8), a known one its value
+    rate (U6).
+    """
+    untimed = sel.decode_ranking(group.source, group.width)
+    n = untimed.size
+    if n == 0:
+        return
+    active = sel.pop.active_age_price
+    prefix, slopes, uniform, durations = untimed.ranked.prefix, untimed.slope_prefix, untimed.uniform_slope, sel.t_ms
+    scores, payloads, cohort = out.scores, out.payloads, Cohort(untimed, None)
+    for index, batch in group.batches:
+        t = durations[index]
+        k = batch if batch < n else n
+        if t <= 0.0:
+            out.entries[index] = (True, prefix[k]), index, cohort
+        elif uniform:
+            scores[index] = rate(prefix[k], slopes[k], t, active)
+            payloads[index] = cohort
+        else:
+            timing = timings[index]
+            r = sel.decode_ranking(group.source, group.width, timing)
+            scores[index] = score(r.ranked.prefix[k], r.slope_prefix[k], timing, active)
+            payloads[index] = Cohort(r, None)
+
+
+def score_prefill(sel: Selector, group: "Group", graphs, out: Out) -> None:
+    """Every prefill program: the best B prompters of its capacity (U13), no age term."""
+    if not sel.pop.prompters.handle:
+        return
+    active, durations = sel.pop.active_age_price, sel.t_ms
+    for index, batch in group.batches:
+        prompts = sel.prompt_ranking(graphs[index].prefill_capacity)
+        ranked = prompts.ranked
+        n = len(ranked.values)
+        k = batch if batch < n else n
+        if k:
+            t, cohort = durations[index], Cohort(None, prompts)
+            if t > 0.0:
+                out.scores[index] = rate(ranked.top() if k == 1 else ranked.prefix[k], 0.0, t, active)
+                out.payloads[index] = cohort
+            else:
+                out.entries[index] = (True, ranked.prefix[k]), index, cohort
+
+
+def score_mixed_uniform(sel: Selector, group: "Group", out: Out) -> None:
+    """Mixed programs of one prompt capacity and width whose lanes share one age slope (P7).
+
+    Per program, the decode-only cohort, then the best prompt row with the best
+    B - 1 decoders; on a tie the row wins.
+    """
+    untimed = sel.decode_ranking(group.source, group.width)
+    prompts = sel.prompt_ranking(group.prefill_capacity)
+    ranked = prompts.ranked
+    has_row = len(ranked) > 0 and group.prefill_capacity > 0
+    row_value = ranked.top() if has_row else 0.0
+    alone, with_row = Cohort(untimed, prompts), Cohort(untimed, prompts, ranked.first() if has_row else None)
+    prefix, slopes, n = untimed.ranked.prefix, untimed.slope_prefix, untimed.size
+    active, durations = sel.pop.active_age_price, sel.t_ms
+    for index, batch in group.batches:
+        t = durations[index]
+        known = t > 0.0
+        k = batch if batch < n else n
+        if has_row:
+            k2 = batch - 1 if batch - 1 < n else n
+            value = row_value + prefix[k2]
+            row_score = rate(value, slopes[k2], t, active) if known else value
+        if k:
+            decoders_score = rate(prefix[k], slopes[k], t, active) if known else prefix[k]
+            if has_row and row_score >= decoders_score:
+                out.put(index, known, row_score, with_row)
+            else:
+                out.put(index, known, decoders_score, alone)
+        elif has_row:
+            out.put(index, known, row_score, with_row)
