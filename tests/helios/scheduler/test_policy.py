@@ -17,8 +17,7 @@ from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.leader import select
 from helios.scheduler.select.population import Decoders, Population, Prompters
 from helios.scheduler.select.timing import GraphTiming
-from helios.scheduler.utility import decision_log_scale
-from helios.scheduler.utility import value_rate
+from helios.scheduler.utility import decision_log_scale, value_rate
 from tests.helios.scheduler.reference import scaled_rate
 
 PREFILLS = {prefill(c): 2.0 + c * 0.008 for c in (64, 256, 1024, 4096)}
