@@ -1,7 +1,7 @@
 """Candidates per kind: each graph's best cohort (U9, U10, U13, P7), scored, built on demand.
 
 A measured rectangular, prefill or mixed program is scored by its group
-(``scorers.py``) and kept as a ``Cohort``; ``BUILT`` turns the few that can
+(``scorers.py``) and kept as its cohort (``scorers.Cohort``); ``BUILT`` turns the few that can
 still decide the outcome into full ``Candidate``s (lanes, padding, logical
 key). Ragged and prefix-limit programs search their own cohorts here
 (``CANDIDATES``); the costly searches come back ``Deferred`` behind an upper
@@ -17,8 +17,8 @@ from typing import Callable, Sequence
 from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.select import dominance
 from helios.scheduler.select.catalog import Group, GroupKind
-from helios.scheduler.select.rankings import AdaptiveLanes, Cohort, DecodeRanking, PromptRanking, Selector
-from helios.scheduler.select.scorers import Out, score, score_mixed_uniform, score_prefill, score_rectangular
+from helios.scheduler.select.rankings import AdaptiveLanes, DecodeRanking, PromptRanking, PromptRow, Selector
+from helios.scheduler.select.scorers import Out, mixed_entry, score, score_mixed, score_prefill, score_rectangular
 from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.types import LanePhase, PlannedLane
 from helios.scheduler.utility import (
@@ -109,12 +109,12 @@ def generation_candidate(sel: Selector, index: int, graph: GraphDescriptor, timi
     if graph.ragged and r.length_prefix_at(k) > graph.target_rows:
         bound = (not timing.known, score(base, r.slope_prefix[k], timing, active))
         return Deferred(bound, lambda: _constrained_candidate(sel, index, graph, timing, r))
-    return (not timing.known, score(base, r.slope_prefix[k], timing, active)), index, Cohort(r, None)
+    return (not timing.known, score(base, r.slope_prefix[k], timing, active)), index, r
 
 
 def built_generation(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
-                     cohort: Cohort) -> Candidate:
-    r, k = cohort.decoders, cohort.decoders_served(graph)
+                     r: DecodeRanking) -> Candidate:
+    k = r.decoders_served(graph)
     return Candidate(
         index=index,
         graph=graph,
@@ -229,13 +229,13 @@ def prefill_candidate(sel: Selector, index: int, graph: GraphDescriptor, timing:
     k, base = prompts.ranked.best(graph.batch_capacity)
     if k == 0:
         return None
-    return (not timing.known, score(base, 0.0, timing, sel.pop.active_age_price)), index, Cohort(None, prompts)
+    return (not timing.known, score(base, 0.0, timing, sel.pop.active_age_price)), index, prompts
 
 
 def built_prefill(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
-                  cohort: Cohort) -> Candidate:
-    tokens, k = cohort.prompts.tokens, cohort.served(graph)
-    rows = cohort.prompts.ranked.order[:k]
+                  prompts: PromptRanking) -> Candidate:
+    tokens, k = prompts.tokens, prompts.served(graph)
+    rows = prompts.ranked.order[:k]
     used = sum(tokens[i] for i in rows)
     return Candidate(
         index=index,
@@ -256,34 +256,17 @@ def mixed_candidate(sel: Selector, index: int, graph: GraphDescriptor, timing: G
     """Best decode-only cohort vs best prompt row plus the best B-1 decoders (P7)."""
     info = sel.infos[index]
     untimed = sel.decode_ranking(info.source, info.width)
-    return _mixed_entry(sel, index, graph, timing, untimed, sel.prompt_ranking(graph.prefill_capacity))
-
-
-def _mixed_entry(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming,
-                 untimed: DecodeRanking, prompts: PromptRanking):
-    """``mixed_candidate`` from rankings already in hand (shared by every mixed graph of one group)."""
-    r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(
-        sel.infos[index].source, sel.infos[index].width, timing)
-    active = sel.pop.active_age_price
-    prefix, slopes, n = r.ranked.prefix, r.slope_prefix, r.size
-    best, row = None, None  # the best score, and its prompt row (None: decoders only)
-    k = min(graph.batch_capacity, n)
-    if k:
-        best = score(prefix[k], slopes[k], timing, active)
-    ranked = prompts.ranked
-    if len(ranked) and graph.prefill_capacity:
-        k2 = min(graph.batch_capacity - 1, n)
-        with_row = score(ranked.top() + prefix[k2], slopes[k2], timing, active)
-        if best is None or with_row >= best:  # on a tie the prompt row wins
-            best, row = with_row, ranked.first()
-    if best is None:
-        return None
-    return (not timing.known, best), index, Cohort(r, prompts, row)
+    return mixed_entry(sel, index, graph, timing, untimed, sel.prompt_ranking(graph.prefill_capacity))
 
 
 def built_mixed(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
-                cohort: Cohort) -> Candidate:
-    r, prompt, k, tokens = cohort.decoders, cohort.row, cohort.decoders_served(graph), cohort.prompts.tokens
+                cohort: DecodeRanking | PromptRow) -> Candidate:
+    """A mixed program's candidate: decoders only (its ``DecodeRanking``) or with a ``PromptRow``."""
+    k = cohort.decoders_served(graph)
+    if type(cohort) is PromptRow:
+        r, prompt, tokens = cohort.decoders, cohort.row, cohort.prompts.tokens
+    else:
+        r, prompt, tokens = cohort, None, None
     rows = r.length_prefix_at(k) + (tokens[prompt] if prompt is not None else 0)
 
     def build():
@@ -316,33 +299,26 @@ BUILT = {
 # -- groups -------------------------------------------------------------------
 
 
+def _score_one_by_one(sel: Selector, group: Group, graphs: Sequence[GraphDescriptor], timings, out: Out) -> None:
+    """Ragged and prefix-limit programs: their own candidate functions (which may defer)."""
+    for index in group.members:
+        graph = graphs[index]
+        found = CANDIDATES[graph.kind](sel, index, graph, timings[index])
+        if found is not None:
+            out.entries[index] = found
+
+
+SCORERS = {  # how each kind of group scores its members into an ``Out``
+    GroupKind.RECTANGULAR: score_rectangular,
+    GroupKind.PREFILL: score_prefill,
+    GroupKind.MIXED: score_mixed,
+    GroupKind.ONE_BY_ONE: _score_one_by_one,
+}
+
+
 def score_group(sel: Selector, group: Group, graphs: Sequence[GraphDescriptor], timings, out: Out) -> None:
     """Score every member of ``group`` into ``out``, by the group's kind."""
-    kind = group.kind
-    if kind is GroupKind.RECTANGULAR:
-        score_rectangular(sel, group, timings, out)
-    elif kind is GroupKind.PREFILL:
-        score_prefill(sel, group, graphs, out)
-    elif kind is GroupKind.MIXED:
-        _score_mixed(sel, group, graphs, timings, out)
-    else:  # ragged and prefix-limit programs: their own candidate functions (which may defer)
-        for index in group.members:
-            graph = graphs[index]
-            found = CANDIDATES[graph.kind](sel, index, graph, timings[index])
-            if found is not None:
-                out.entries[index] = found
-
-
-def _score_mixed(sel: Selector, group: Group, graphs, timings, out: Out) -> None:
-    """Mixed programs of one prompt capacity and width: written out (``scorers``) when every lane
-    shares one age slope (the usual case); otherwise a known duration needs its own ranking."""
-    untimed = sel.decode_ranking(group.source, group.width)
-    if untimed.uniform_slope:
-        score_mixed_uniform(sel, group, out)
-        return
-    prompts = sel.prompt_ranking(group.prefill_capacity)
-    for index in group.members:
-        out.add(_mixed_entry(sel, index, graphs[index], timings[index], untimed, prompts))
+    SCORERS[group.kind](sel, group, graphs, timings, out)
 
 
 # -- one decision's entries ---------------------------------------------------
@@ -352,7 +328,7 @@ class Scored:
     """Every graph's candidate of one decision, scored; full candidates are built on demand.
 
     Scoring all graphs is the hot loop, so it keeps one small entry per graph,
-    ``(rank key, catalog index, payload)``: the payload is the ``Cohort`` the
+    ``(rank key, catalog index, payload)``: the payload is the cohort the
     kind's builder reads, or an already built ``Candidate`` (deferred ones).
     Only the candidates that can still decide the outcome -- the best ranked,
     and the smaller shapes that might prune them (U12) -- are ever built.

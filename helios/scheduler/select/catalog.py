@@ -24,6 +24,10 @@ class GroupKind(Enum):
     MIXED = "mixed"  # one prompt row beside decoders, or decoders only (P7)
     ONE_BY_ONE = "one_by_one"  # ragged and prefix-limit programs: their own candidate searches
 
+    # members are singletons: hash them by identity, in C (``Enum.__hash__`` is Python code, and
+    # every decision looks each group's scorer up by its kind)
+    __hash__ = object.__hash__
+
     @property
     def boundable(self) -> bool:
         """Whether wider widths of this kind may be skipped by a bound (``bounds.py``)."""
@@ -61,6 +65,9 @@ class Group:
 class PerDurations:
     """What bounds derive from one durations list (``select``'s ``durations``), kept while it stands.
 
+    The list is never mutated once handed out (``CatalogTiming`` builds a new one
+    when a duration changes), so its identity says whether these still hold.
+
     ``beaten``: group number -> whether ``bounds.decode_only_beaten`` holds;
     ``bound_rows``: (source, w0, positive) -> ``bounds.flat_bound_rows`` (None: a duration unknown).
     """
@@ -70,8 +77,8 @@ class PerDurations:
     bound_rows: dict[tuple, object] = field(default_factory=dict)
 
     def current(self, durations: Sequence[float]) -> "PerDurations":
-        """These caches for ``durations``, emptied first if they were derived from other values."""
-        if durations is not self.durations and durations != self.durations:
+        """These caches for ``durations``, emptied first if they were derived from another list."""
+        if durations is not self.durations:  # the core hands out a new list whenever a value changes
             self.durations = durations
             self.beaten = {}
             self.bound_rows = {}

@@ -23,7 +23,7 @@ from flare_contract.graphs import GraphDescriptor
 if TYPE_CHECKING:
     from helios.scheduler.select.candidates import Scored
     from helios.scheduler.select.catalog import CatalogInfo, Group
-    from helios.scheduler.select.rankings import Cohort
+    from helios.scheduler.select.scorers import Cohort
 
 
 def dominates(small: tuple[int, ...], large: tuple[int, ...]) -> bool:

@@ -22,7 +22,7 @@ from typing import Sequence
 from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.select import dominance
 from helios.scheduler.select.bounds import decode_only_beaten, score_bounded
-from helios.scheduler.select.candidates import Candidate, Deferred, FlatIndex, Scored, decode_lanes, score_group
+from helios.scheduler.select.candidates import SCORERS, Candidate, Deferred, FlatIndex, Scored, decode_lanes, score_group
 from helios.scheduler.select.catalog import CatalogInfo, Group, GroupKind, describe
 from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.population import Population
@@ -52,10 +52,13 @@ def select(
     out = Out(len(graphs))
     skipped = []  # groups whose programs cannot win (the general path scores them)
     for group in described.eager:
-        if _carries_nothing_new(sel, group):
+        kind = group.kind
+        # a mixed group with no prompt row to carry, whose decoders run faster elsewhere, cannot win
+        if kind is GroupKind.MIXED and decode_only_beaten(sel, group) and not (
+                group.prefill_capacity and sel.pop.prompters.handle):
             skipped.append(group)
             continue
-        score_group(sel, group, graphs, timings, out)
+        SCORERS[kind](sel, group, graphs, timings, out)
     skipped += score_bounded(sel, described.bounded, graphs, timings, out)
     if not out.entries:
         fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
@@ -64,12 +67,6 @@ def select(
     for group in skipped:  # the general path below ranks every program
         score_group(sel, group, graphs, timings, out)
     return _general(sel, graphs, timings, out)
-
-
-def _carries_nothing_new(sel: Selector, group: Group) -> bool:
-    """A mixed group with no prompt row to carry whose decoders run faster elsewhere (``decode_only_beaten``)."""
-    return group.kind is GroupKind.MIXED and decode_only_beaten(sel, group) and not (
-        group.prefill_capacity and sel.pop.prompters.handle)
 
 
 def _general(sel: Selector, graphs, timings, out: Out) -> Choice | None:
@@ -121,8 +118,8 @@ def _measured_leader(sel: Selector, scored: Scored, out: Out, skipped: Sequence[
         return None
     graph, log_scale = graphs[index], decision_log_scale(abs(top))
     if graph.kind in _RECTANGULAR_KINDS:  # what built_generation's candidate would build: its lanes
-        cohort = payloads[index]
-        lanes = tuple(decode_lanes(sel, cohort.decoders, cohort.decoders_served(graph)))
+        r = payloads[index]  # a DecodeRanking: the best min(B, n) of its decoders
+        lanes = tuple(decode_lanes(sel, r, r.decoders_served(graph)))
         return Choice(graph, lanes, scored.timings[index], top, log_scale, None, sel)
     best = scored.candidate(entry)
     lanes, prefill_row = best.build()

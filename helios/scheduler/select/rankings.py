@@ -2,8 +2,15 @@
 
 Selection never re-sorts per shape: ``Selector`` ranks the decoders once per
 (proposal source, logical width) and the prompters once per prompt capacity,
-and every batch capacity reads the shared prefix sums. A ``Cohort`` names
-which lanes of those rankings a measured program's score stands for.
+and every batch capacity reads the shared prefix sums.
+
+A measured program's score stands for a cohort named by a ranking itself: a
+``DecodeRanking`` for the best min(B, n) of its decoders (decode, speculative
+and decoders-only mixed programs), a ``PromptRanking`` for the best min(B, n)
+prompters (prefill), a ``PromptRow`` for a mixed program with a prompt row.
+Each answers ``served`` and ``prompt_tokens``, which dominance pruning reads
+(U12) before any candidate is built. Rankings are built once per decision and
+shared by every batch capacity, so scoring allocates no record per program.
 """
 
 from __future__ import annotations
@@ -89,6 +96,17 @@ class DecodeRanking:
                 ]
         return self._expected
 
+    def decoders_served(self, graph: GraphDescriptor) -> int:
+        """Decoders a program of this ranking serves: its best min(B, n)."""
+        batch, n = graph.batch_capacity, len(self.eligible)
+        return batch if batch < n else n
+
+    served = decoders_served  # lanes the program serves (U12's cheap test)
+
+    def prompt_tokens(self, graph: GraphDescriptor) -> int:
+        """No prompt row (U12's cheap test)."""
+        return 0
+
     def length_prefix_at(self, k: int) -> int:
         """Rows the best ``k`` members use."""
         if self.raw_lengths is None:
@@ -119,32 +137,10 @@ class PromptRanking:
     ranked: RankedLanes
     tokens: list[int]  # per prompter (population order): the tokens a row of this capacity consumes
 
-
-@dataclass(slots=True)
-class Cohort:
-    """Which lanes a measured program's score stands for: the best of shared rankings (U9).
-
-    Rectangular decode and speculative programs: the best min(B, n) of
-    ``decoders``. Prefill: the best min(B, n) rows of ``prompts``. Mixed: the
-    best min(B, n) decoders, or ``row`` of ``prompts`` with the best
-    min(B - 1, n). Built once per ranking and shared by every batch capacity.
-    """
-
-    decoders: DecodeRanking | None
-    prompts: PromptRanking | None
-    row: int | None = None  # mixed: the prompter whose prompt rides with the decoders
-
-    def decoders_served(self, graph: GraphDescriptor) -> int:
-        batch = graph.batch_capacity - (self.row is not None)
-        n = self.decoders.size
-        return batch if batch < n else n
-
     def served(self, graph: GraphDescriptor) -> int:
-        """Lanes the program serves."""
-        if self.decoders is None:
-            n, batch = len(self.prompts.ranked), graph.batch_capacity
-            return batch if batch < n else n
-        return self.decoders_served(graph) + (self.row is not None)
+        """Prompt rows a prefill program of this ranking serves: its best min(B, n)."""
+        batch, n = graph.batch_capacity, len(self.tokens)
+        return batch if batch < n else n
 
     def prompt_tokens(self, graph: GraphDescriptor) -> int:
         """Tokens of the program's prompt row when it is its only one (0 otherwise).
@@ -153,11 +149,27 @@ class Cohort:
         tokens, so it cannot do the same logical work (U12); more rows are left
         to the full check.
         """
-        if self.row is not None:
-            return self.prompts.tokens[self.row]
-        if self.decoders is None and self.served(graph) == 1:
-            return self.prompts.tokens[self.prompts.ranked.first()]
-        return 0
+        return self.tokens[self.ranked.first()] if self.served(graph) == 1 else 0
+
+
+@dataclass(slots=True)
+class PromptRow:
+    """A mixed program's cohort with a prompt row: ``row`` of ``prompts`` beside the best min(B - 1, n)
+    members of ``decoders`` (P7). Without a row, a mixed program's cohort is its ``DecodeRanking``."""
+
+    decoders: DecodeRanking
+    prompts: PromptRanking
+    row: int  # the prompter whose prompt rides with the decoders
+
+    def decoders_served(self, graph: GraphDescriptor) -> int:
+        batch, n = graph.batch_capacity - 1, len(self.decoders.eligible)
+        return batch if batch < n else n
+
+    def served(self, graph: GraphDescriptor) -> int:
+        return self.decoders_served(graph) + 1
+
+    def prompt_tokens(self, graph: GraphDescriptor) -> int:
+        return self.prompts.tokens[self.row]
 
 
 @dataclass(slots=True)
@@ -385,23 +397,25 @@ class Selector:
     # -- prompters --------------------------------------------------------
 
     def prompt_ranking(self, capacity: int) -> PromptRanking:
+        """The prompters ranked for rows of ``capacity`` prompt tokens (U13)."""
         ranking = self.prompt_rankings.get(capacity)
-        if ranking is None:
-            ranking = self.prompt_rankings[capacity] = self._rank_prompters(capacity)
-        return ranking
-
-    def _rank_prompters(self, capacity: int) -> PromptRanking:
+        if ranking is not None:
+            return ranking
         p = self.pop.prompters
         if not p.handle:  # every capacity ranks nobody: one empty ranking for all
             if self.empty_prompts is None:
                 self.empty_prompts = PromptRanking(RankedLanes([]), [])
-            return self.empty_prompts
-        tokens = [r if r < capacity else capacity for r in p.remaining]  # min(capacity, r)
-        # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes
-        values = [t * price + (first if t == left else 0.0)
-                  for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
-        # most prompt programs read only the best row (``top``): the prefix sums wait for a wider one
-        return PromptRanking(RankedLanes.rank(values, None if self.prompters_lru else p.recency, lazy=True), tokens)
+            ranking = self.empty_prompts
+        else:
+            tokens = [r if r < capacity else capacity for r in p.remaining]  # min(capacity, r)
+            # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes
+            values = [t * price + (first if t == left else 0.0)
+                      for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
+            # most prompt programs read only the best row (``top``): the prefix sums wait for a wider one
+            ranked = RankedLanes.rank(values, None if self.prompters_lru else p.recency, lazy=True)
+            ranking = PromptRanking(ranked, tokens)
+        self.prompt_rankings[capacity] = ranking
+        return ranking
 
 
 def _nondecreasing(values: Sequence[int]) -> bool:

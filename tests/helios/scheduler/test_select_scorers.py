@@ -4,8 +4,8 @@ The group scorers (``select/scorers.py``) and the per-graph candidates
 (``select/candidates.py``) score a measured program from shared rankings
 without calling ``value_rate``; they promise the same operations in the same
 order, so the floats are equal, not merely close. Each path is checked here
-on random populations against ``value_rate`` of the cohort value its
-``Cohort`` names, and the fast leader's score against ``value_rate`` of the
+on random populations against ``value_rate`` of the value of the cohort its
+flat payload names, and the fast leader's score against ``value_rate`` of the
 value its lanes earn, summed independently (there the summation order
 differs, so the tolerance is numerics.py's reordering bound).
 """
@@ -87,7 +87,7 @@ def scored(pop: Population, timed: list[GraphTiming]) -> tuple[Selector, Out]:
 
 
 def expected_rate(sel: Selector, index: int, timing: GraphTiming) -> float | None:
-    """``value_rate`` of the cohort the program's flat ``Cohort`` names, from the same rankings."""
+    """``value_rate`` of the cohort the program's flat payload names, from the same rankings."""
     graph, info, t = GRAPHS[index], sel.infos[index], timing.duration_ns / 1e6
     active = sel.pop.active_age_price
     if graph.kind is GraphKind.PREFILL:
