@@ -301,36 +301,29 @@ class Selector:
             slopes, prices, rooms = [d.age_slope[i] for i in idx], [d.token_price[i] for i in idx], [d.room[i] for i in idx]
             fixed = [fixed[i] for i in idx]
             rows = None if gains is None else [gains[i] for i in idx]
-        uniform, slope_prefix = self._slopes(slopes, every)
+        # whether the slopes are one value, and (if so) their prefix sums, which any order shares;
+        # every decoder's columns: one check and one prefix for every source
+        if every and self.all_slopes is not None:
+            uniform, slope_prefix = self.all_slopes.uniform, self.all_slopes.prefix
+        else:
+            uniform = self.pop.uniform_slope or len(set(slopes)) <= 1
+            slope_prefix = list(accumulate(slopes, initial=0.0)) if uniform else None
+            if every:
+                self.all_slopes = AllSlopes(uniform, slope_prefix)
+        # every lane value is positive: token prices > 0, the rest >= 0 (vouched, or checked once)
+        if self.pop.positive:
+            positive = True
+        elif every and self.all_positive is not None:
+            positive = self.all_positive
+        else:
+            positive = min(prices, default=0.0) > 0.0 and min(fixed, default=0.0) >= 0.0
+            if every:
+                self.all_positive = positive
         found = SourceColumns(idx, slopes, uniform, prices, fixed, rows, rooms, slope_prefix=slope_prefix,
-                              positive=self._positive(prices, fixed, every))
+                              positive=positive)
         if rows is not None:
             found.shortest = min(map(len, rows), default=0)
         return found
-
-    def _slopes(self, slopes: list[float], every: bool) -> tuple[bool, list[float] | None]:
-        """Whether ``slopes`` are one value, and (if so) their prefix sums, which any order shares.
-
-        ``every``: the slopes are every decoder's, whose check and prefix serve every source.
-        """
-        if every:
-            if self.all_slopes is None:
-                uniform = self.pop.uniform_slope or len(set(slopes)) <= 1
-                self.all_slopes = AllSlopes(uniform, list(accumulate(slopes, initial=0.0)) if uniform else None)
-            return self.all_slopes.uniform, self.all_slopes.prefix
-        uniform = self.pop.uniform_slope or len(set(slopes)) <= 1
-        return uniform, list(accumulate(slopes, initial=0.0)) if uniform else None
-
-    def _positive(self, prices: list[float], fixed: list[float], every: bool) -> bool:
-        """Whether every lane value is positive; ``every``: the columns are every decoder's."""
-        if self.pop.positive:
-            return True
-        if every and self.all_positive is not None:
-            return self.all_positive  # every decoder's, computed for another source
-        positive = min(prices, default=0.0) > 0.0 and min(fixed, default=0.0) >= 0.0
-        if every:
-            self.all_positive = positive
-        return positive
 
     def next_gains(self, source: str, w0: int) -> list[float]:
         """Prefix sums of the eligible lanes' next gains at width ``w0``, largest first.

@@ -152,27 +152,29 @@ def score_mixed(sel: Selector, group: "Group", graphs, timings, out: Out) -> Non
     with_row = PromptRow(untimed, prompts, ranked.first()) if has_row else None
     prefix, slopes, n = untimed.ranked.prefix, untimed.slope_prefix, untimed.size
     active, durations = sel.pop.active_age_price, sel.t_ms
-    # Per program, the decode-only cohort, then the best prompt row with the best B - 1 decoders;
-    # on a tie the row wins.
+    scores, payloads = out.scores, out.payloads
+    # Per program, the best prompt row with the best B - 1 decoders, then the decode-only cohort,
+    # which must beat it strictly (on a tie the row wins).
     for index, batch in group.batches:
         t = durations[index]
         known = t > 0.0
         k = batch if batch < n else n
+        best = None
         if has_row:
             k2 = batch - 1 if batch - 1 < n else n
             value = row_value + prefix[k2]
-            row_score = rate(value, slopes[k2], t, active) if known else value
-            if k2 == k and row_adds:
-                out.put(index, known, row_score, with_row)
-                continue
-        if k:
-            decoders_score = rate(prefix[k], slopes[k], t, active) if known else prefix[k]
-            if has_row and row_score >= decoders_score:
-                out.put(index, known, row_score, with_row)
-            else:
-                out.put(index, known, decoders_score, untimed)
-        elif has_row:
-            out.put(index, known, row_score, with_row)
+            best, cohort = rate(value, slopes[k2], t, active) if known else value, with_row
+        if k and not (row_adds and k2 == k):
+            alone = rate(prefix[k], slopes[k], t, active) if known else prefix[k]
+            if best is None or alone > best:
+                best, cohort = alone, untimed
+        if best is None:
+            continue
+        if known:
+            scores[index] = best
+            payloads[index] = cohort
+        else:
+            out.entries[index] = (True, best), index, cohort
 
 
 def mixed_entry(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming,
