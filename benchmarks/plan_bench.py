@@ -1,6 +1,7 @@
 """How long ``Scheduler.plan()`` takes, on a catalog of 100+ shapes (issue 3, "Performance").
 
     .venv/bin/python benchmarks/plan_bench.py [--sizes 16 64 256] [--calls 2000] [--repeat 1] [--clock wall|cpu]
+                                              [--dump FILE]
 
 For each size N, N requests arrive at once: a quarter with long prompts (still
 prefilling for most of the run), the rest with short prompts that soon decode,
@@ -34,11 +35,19 @@ medians of successive blocks of 100 calls in one run ranged from 0.30 to
 0.53 ms), compare two versions by running both at once, one per core, e.g.
 ``(cd old && python benchmarks/plan_bench.py --sizes 64) & python
 benchmarks/plan_bench.py --sizes 64; wait``: both then see the same phases.
+
+``--dump FILE`` writes every ``plan()`` call of the run, timed or not, as one
+JSON line (the size, the call's number, and the plan or null: graph, lanes,
+reason, duration estimate, score, log scale, prefill row, feedback flag, A12 trace). The
+simulation runs on its own clock, so two versions that decide alike write
+byte-identical files: a restructuring compares them with ``cmp``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import statistics
 import sys
 import time
@@ -92,8 +101,27 @@ def trace_document(size: int) -> dict:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-def timed_calls(size: int, calls: int, clock=time.perf_counter) -> tuple[list[float], list[float], int]:
-    """(ms of selecting calls, ms of all calls, admitted count) at the steady population."""
+def plan_record(size: int, call: int, plan) -> str:
+    """One ``plan()`` result as a JSON line (floats as their shortest exact repr)."""
+    found = None if plan is None else {
+        "graph": dataclasses.asdict(plan.graph),
+        "lanes": [dataclasses.asdict(lane) for lane in plan.lanes],
+        "reason": plan.reason.value,
+        "estimated_duration_ns": plan.estimated_duration_ns,
+        "scaled_value_rate": plan.scaled_value_rate,
+        "log_scale": plan.log_scale,
+        "prefill_row": plan.prefill_row,
+        "requires_feedback": plan.requires_feedback,
+        "trace": None if plan.trace is None else dataclasses.asdict(plan.trace),
+    }
+    return json.dumps({"size": size, "call": call, "plan": found}, default=str, sort_keys=True)
+
+
+def timed_calls(size: int, calls: int, clock=time.perf_counter, dump=None) -> tuple[list[float], list[float], int]:
+    """(ms of selecting calls, ms of all calls, admitted count) at the steady population.
+
+    ``dump``: an open text file that receives every call's ``plan_record``.
+    """
     catalog = parse_catalog(catalog_document(), "bench catalog")
     catalog = type(catalog)(catalog.graphs, min(size, MAX_REQUEST_SLOTS))
     simulation = Simulation(catalog, parse_trace(trace_document(size), "bench trace"),
@@ -101,12 +129,16 @@ def timed_calls(size: int, calls: int, clock=time.perf_counter) -> tuple[list[fl
     steady = min(size, MAX_REQUEST_SLOTS)
     selecting: list[float] = []
     every: list[float] = []
+    numbered: list[None] = []  # one entry per call so far (the dump numbers them)
     plan = simulation.scheduler.plan
 
     def timed_plan():
         started = clock()
         result = plan()
         elapsed = (clock() - started) * 1e3
+        if dump is not None:
+            dump.write(plan_record(size, len(numbered), result) + "\n")
+            numbered.append(None)
         if simulation.active == steady:
             every.append(elapsed)
             if result is not None:
@@ -146,13 +178,16 @@ def main() -> None:
                              "(the figure least disturbed by other load on the machine)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall: elapsed time; cpu: this thread's CPU time (steadier on a shared machine)")
+    parser.add_argument("--dump", type=Path, default=None, metavar="FILE",
+                        help="write every plan() decision as a JSON line (compare two versions with cmp)")
     args = parser.parse_args()
+    dump = None if args.dump is None else args.dump.open("w")
     shapes = len(catalog_document()["graphs"])
     before = calibration_ms()
     print(f"catalog: {shapes} shapes; plan() times in ms ({args.clock} clock)")
     print(f"{'requests':>8} {'admitted':>8} {'calls':>6} {'median':>8} {'p99':>8} | {'all calls':>9} {'median':>8} {'p99':>8}")
     for size in args.sizes:
-        runs = [timed_calls(size, args.calls, CLOCKS[args.clock]) for _ in range(max(1, args.repeat))]
+        runs = [timed_calls(size, args.calls, CLOCKS[args.clock], dump) for _ in range(max(1, args.repeat))]
         selecting, every, admitted = min(runs, key=lambda run: statistics.median(run[0]) if run[0] else float("inf"))
         if not selecting:
             print(f"{size:>8} {admitted:>8}   no selecting calls at the steady population")
@@ -162,6 +197,8 @@ def main() -> None:
             f"{percentile(selecting, 0.99):8.3f} | {len(every):>9} {statistics.median(every):8.3f} {percentile(every, 0.99):8.3f}"
         )
     print(f"calibration loop (machine speed, lower is faster): {before:.0f} ms before, {calibration_ms():.0f} ms after")
+    if dump is not None:
+        dump.close()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from helios.direct import select
 from helios.direct.cost import MovingAverageCost
 from helios.scheduler.config import PolicyConfig
 from helios.scheduler.core import Scheduler
-from helios.scheduler.policy import Choice, GraphTiming, needs_feedback
+from helios.scheduler.select.choice import Choice
+from helios.scheduler.select.timing import GraphTiming, needs_feedback
 from helios.scheduler.service import token_normalizer
 from helios.scheduler.types import ScheduledPlan, SelectionReason
 from helios.scheduler.utility import decision_log_scale, optimistic_work_score, prompt_lane_value, value_rate

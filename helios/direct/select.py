@@ -20,7 +20,9 @@ from itertools import accumulate
 from typing import Sequence
 
 from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind
-from helios.scheduler.policy import Choice, GraphTiming, Population, cumulative_gains
+from helios.scheduler.select.choice import Choice
+from helios.scheduler.select.population import Population, cumulative_gains
+from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.types import LanePhase, PlannedLane
 from helios.scheduler.utility import (
     AdaptiveLane,

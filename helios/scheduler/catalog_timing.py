@@ -24,7 +24,7 @@ from typing import Sequence
 
 from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor
 from helios.scheduler.cost import CostModel
-from helios.scheduler.policy import GraphTiming, durations_ms
+from helios.scheduler.select.timing import GraphTiming, durations_ms
 from helios.scheduler.service import DeliveryFamily, ShapeTiming, token_normalizer
 
 

@@ -43,7 +43,10 @@ from operator import attrgetter
 from typing import Sequence
 
 from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor, GraphKind
-from helios.scheduler import policy as pol
+from helios.scheduler.select.catalog import describe
+from helios.scheduler.select.leader import select
+from helios.scheduler.select.population import MAX_REQUEST_SLOTS, Decoders, Population, Prompters, cumulative_gains
+from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler import rounds
 from helios.scheduler.catalog_timing import CatalogTiming
 from helios.scheduler.config import PolicyConfig
@@ -225,21 +228,21 @@ class Scheduler:
     ) -> None:
         if speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {SPECULATION_MODES}, got {speculation!r}")
-        if not 1 <= request_slots <= pol.MAX_REQUEST_SLOTS:
-            raise ValueError(f"request_slots must be in 1..{pol.MAX_REQUEST_SLOTS} (U11), got {request_slots}")
+        if not 1 <= request_slots <= MAX_REQUEST_SLOTS:
+            raise ValueError(f"request_slots must be in 1..{MAX_REQUEST_SLOTS} (U11), got {request_slots}")
         ids = [g.id for g in graphs]
         if len(set(ids)) != len(ids):
             raise ValueError("graph ids must be unique in one catalog")
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
         self._cost_keys = {g.id: g.cost_key() for g in self.graphs}  # built once: every plan's trace reads one
-        self._infos = pol.describe(self.graphs)
+        self._infos = describe(self.graphs)
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
         self.cost = CostModel(self.policy.estimate_ttl_ns)
         self._timing = CatalogTiming(self.graphs, self.cost)  # per-graph timings and normalizer, kept current
         # the last reference intervals (U5): (timing list, decoders per family, sigma per family)
-        self._sigmas: tuple[Sequence[pol.GraphTiming], dict, dict] | None = None
+        self._sigmas: tuple[Sequence[GraphTiming], dict, dict] | None = None
         self.now_ns = 0
         self._slots: list[RequestState | None] = [None] * request_slots
         self._generation = 0
@@ -386,7 +389,7 @@ class Scheduler:
                 envelope = min(envelope, mean)
                 means.append(envelope)
             state.survival[source] = tuple(means)
-            state.gains[source] = pol.cumulative_gains(state.survival[source], self.policy.adaptive_verification_alpha)
+            state.gains[source] = cumulative_gains(state.survival[source], self.policy.adaptive_verification_alpha)
             state.estimates[source] = (raw, weights)
 
     # -- planning -----------------------------------------------------------
@@ -396,7 +399,7 @@ class Scheduler:
         if not self._queue_accepts_more():
             return None
         timings, population = self._snapshot()
-        choice = pol.select(self.graphs, timings, population, self._infos, self._timing.durations_ms(timings))
+        choice = select(self.graphs, timings, population, self._infos, self._timing.durations_ms(timings))
         if choice is None:
             return None
         log_scale = choice.log_scale  # the decision's common scaling (U7), kept for a funded replacement
@@ -453,7 +456,7 @@ class Scheduler:
         # A9: an overrun suspends queueing until completion feedback arrives
         return not last.plan.requires_feedback and self.now_ns <= last.end_ns
 
-    def _timings(self) -> list[pol.GraphTiming]:
+    def _timings(self) -> list[GraphTiming]:
         """Duration knowledge per graph (kept current by ``CatalogTiming``)."""
         return self._timing.at(self.now_ns)
 
@@ -465,12 +468,12 @@ class Scheduler:
         """When queued work is expected to finish: where the next plan starts (A10)."""
         return max(self.now_ns, self._frames[-1].end_ns) if self._frames else self.now_ns
 
-    def _snapshot(self) -> tuple[list[pol.GraphTiming], pol.Population]:
+    def _snapshot(self) -> tuple[list[GraphTiming], Population]:
         """The timings and the population a decision is made on, projected to the queue's end."""
         timings = self._timings()
         return timings, self._population(self._queue_end_ns(), timings)
 
-    def _population(self, start_ns: int, timings: Sequence[pol.GraphTiming]) -> pol.Population:
+    def _population(self, start_ns: int, timings: Sequence[GraphTiming]) -> Population:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10).
 
         Every completion reprices every request, so this runs in full for each
@@ -540,7 +543,7 @@ class Scheduler:
             slopes = [c * sigma if sigma else 0.0 for sigma in family_sigmas]
             deliveries = [(1.0 / sigma if sigma else 1.0) if z is None else z
                           for z, sigma in zip(deliveries, family_sigmas)]
-        dec = pol.Decoders(
+        dec = Decoders(
             handle=[s.handle for s in states],
             token_price=[beta + f / x for x in rates],
             delivery_price=[g / (z if z > MIN_RATE_PER_MS else MIN_RATE_PER_MS) for z in deliveries],
@@ -553,7 +556,7 @@ class Scheduler:
             gains=[s.gains for s in states],
             estimates=[s.estimates for s in states],
         )
-        prm = pol.Prompters()
+        prm = Prompters()
         for s, room in prompting:
             handle, x = s.handle, s.service.token_rate
             for terms, decay, _ in frames:
@@ -574,7 +577,7 @@ class Scheduler:
         # vouched for (policy.Population): both lists follow ``live``, least recently selected first;
         # one family shares one slope; with beta > 0 every token price is positive (the other
         # preferences are >= 0, PolicyConfig checks, so delivery prices and age credits are too)
-        return pol.Population(dec, prm, c * len(states), policy.adaptive_verification_alpha,
+        return Population(dec, prm, c * len(states), policy.adaptive_verification_alpha,
                               ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0)
 
     def _reference_intervals(self, counts: dict[str | None, int], timings) -> dict[str | None, float]:

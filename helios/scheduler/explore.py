@@ -28,7 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor
-from helios.scheduler import policy as pol
+from helios.scheduler.select.catalog import GraphInfo
+from helios.scheduler.select.choice import Choice
+from helios.scheduler.select.evaluate import Evaluated, evaluate, evaluate_scores
+from helios.scheduler.select.population import Population
+from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.cost import CostModel
 from helios.scheduler.learning import (
     NS_PER_MS,
@@ -51,9 +55,9 @@ from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle, Select
 class Decision:
     """One planning decision as exploration sees it: the ordinary winner and what it was chosen from."""
 
-    winner: pol.Choice
-    timings: Sequence[pol.GraphTiming]
-    population: pol.Population
+    winner: Choice
+    timings: Sequence[GraphTiming]
+    population: Population
     now_ns: int
 
 
@@ -70,7 +74,7 @@ class Funded:
     """The exploration that replaces the winner: why, and the program and cohort to run."""
 
     reason: SelectionReason
-    choice: pol.Choice
+    choice: Choice
 
 
 BOUND_MARGIN = 1e-9
@@ -82,7 +86,7 @@ _UNSEEN = object()  # a probe basis not computed yet in this search
 class Explorer:
     """Funded exploration choices for one catalog (see the module docstring)."""
 
-    def __init__(self, graphs: Sequence[GraphDescriptor], infos: Sequence[pol.GraphInfo], *,
+    def __init__(self, graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo], *,
                  max_depth: int, alpha: float, fixed_width: bool) -> None:
         self.graphs = tuple(graphs)
         self.infos = tuple(infos)
@@ -92,10 +96,10 @@ class Explorer:
         self.alpha = alpha
         self.fixed_width = fixed_width
         self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
-        self._stale_for: Sequence[pol.GraphTiming] | None = None  # the timings ``_stale`` was read from
+        self._stale_for: Sequence[GraphTiming] | None = None  # the timings ``_stale`` was read from
         self._stale: list[int] = []
         self._by_source: dict[str, _SourceView] = {}
-        self._programs_timings: Sequence[pol.GraphTiming] | None = None  # the timings ``_programs_of`` was read from
+        self._programs_timings: Sequence[GraphTiming] | None = None  # the timings ``_programs_of`` was read from
         self._programs_of: dict[str, list[WidthProgram]] = {}
 
     def choose(self, decision: Decision, accounts: ExplorationAccounts, cost: CostModel,
@@ -137,7 +141,7 @@ class Explorer:
 
     # -- timing refresh (D7) -------------------------------------------------
 
-    def _stale_choices(self, decision: Decision) -> dict[CostKey, pol.Evaluated]:
+    def _stale_choices(self, decision: Decision) -> dict[CostKey, Evaluated]:
         """Best cohort of every measured stale program other than the winner, one per cost key.
 
         Only scores are needed to rank them; the lanes of the one a refresh runs are built then.
@@ -146,16 +150,16 @@ class Explorer:
         indices = [i for i in self._stale_indices(decision.timings) if self.keys[i] != winner_key]
         if not indices:
             return {}
-        found = pol.evaluate_scores(self.graphs, decision.timings, decision.population, self.infos, indices,
+        found = evaluate_scores(self.graphs, decision.timings, decision.population, self.infos, indices,
                                     decision.winner.selection)
-        best: dict[CostKey, pol.Evaluated] = {}
+        best: dict[CostKey, Evaluated] = {}
         for index, choice in found.items():
             key = self.keys[index]
             if key not in best or choice.score > best[key].score:
                 best[key] = choice
         return best
 
-    def _stale_indices(self, timings: Sequence[pol.GraphTiming]) -> list[int]:
+    def _stale_indices(self, timings: Sequence[GraphTiming]) -> list[int]:
         """Catalog positions of the measured, stale programs.
 
         Timing lists are never mutated (``CatalogTiming`` builds a new one on
@@ -309,7 +313,7 @@ class Explorer:
                                                              self._ordinary(decision.winner, source))
         return found
 
-    def _programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
+    def _programs(self, source: str, timings: Sequence[GraphTiming]) -> list[WidthProgram]:
         """Measured speculative programs of ``source``: per draft cap min(W - 1, D), only the best one.
 
         For one lane, programs with the same cap offer the same depth and add
@@ -327,7 +331,7 @@ class Explorer:
             found = self._programs_of[source] = self._measured_programs(source, timings)
         return found
 
-    def _measured_programs(self, source: str, timings: Sequence[pol.GraphTiming]) -> list[WidthProgram]:
+    def _measured_programs(self, source: str, timings: Sequence[GraphTiming]) -> list[WidthProgram]:
         best: dict[int, WidthProgram] = {}
         for i, g in enumerate(self.graphs):
             if g.kind not in GENERATION_KINDS or self.infos[i].source != source or not timings[i].known:
@@ -339,17 +343,17 @@ class Explorer:
                 best[cap] = program
         return list(best.values())
 
-    def _ordinary(self, winner: pol.Choice, source: str) -> WidthProgram:
+    def _ordinary(self, winner: Choice, source: str) -> WidthProgram:
         """The winner as one lane of ``source`` sees it: no drafts of that source if it draws none."""
         graph = winner.graph
         if self.infos[self.index[graph.id]].source == source:
             return WidthProgram.of(graph, winner.timing.duration_ns)
         return WidthProgram(graph.id, 1, 0, winner.timing.duration_ns, graph.target_rows, graph.batch_capacity)
 
-    def _probe_choice(self, decision: Decision, probe: ProbeCandidate, handle: RequestHandle) -> pol.Choice:
+    def _probe_choice(self, decision: Decision, probe: ProbeCandidate, handle: RequestHandle) -> Choice:
         """The probe program's own best cohort if it gives the lane its full depth; else the lane alone."""
         index = self.index[probe.program.key]
-        found = pol.evaluate(self.graphs, decision.timings, decision.population, self.infos, [index],
+        found = evaluate(self.graphs, decision.timings, decision.population, self.infos, [index],
                              decision.winner.selection).get(index)
         if found is not None and any(
             lane.handle.slot == handle.slot and lane.handle == handle  # the slot first: an int comparison
@@ -363,7 +367,7 @@ class Explorer:
                            ceiling=rows if self.infos[index].prefix_limit else 0,
                            expected_tokens=min(float(probe.lane.remaining_output), probe.optimistic_rate
                                                * probe.program.duration_ns / 1e6 / probe.lane.token_value))
-        return pol.Choice(graph, (lane,), timing, probe.optimistic_rate, 0.0, None)
+        return Choice(graph, (lane,), timing, probe.optimistic_rate, 0.0, None)
 
 
 @dataclass(slots=True)

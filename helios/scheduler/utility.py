@@ -1,7 +1,7 @@
 """Value arithmetic and cohort selection (spec "Useful service and selection").
 
 Everything here is a pure function of numbers: lane values in, the best
-cohort and its value rate out. ``policy.py`` builds the lane values from
+cohort and its value rate out. The ``select`` package builds the lane values from
 request state; this module never sees a request.
 
 Units: value in prompt-token units, durations in milliseconds, value rates in

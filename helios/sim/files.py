@@ -20,7 +20,7 @@ import yaml
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
-from helios.scheduler.policy import MAX_REQUEST_SLOTS  # spec U11: selection is bounded to 64 slots
+from helios.scheduler.select.population import MAX_REQUEST_SLOTS  # spec U11: selection is bounded to 64 slots
 
 SIMULATED_KINDS = (GraphKind.PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)
 PROPOSAL_SOURCES = ("learned", "copy")

@@ -168,7 +168,7 @@ def _helios_skipped_a_row_search(direct: DirectScheduler, helios_plan: Scheduled
     """Whether the choices differ only because Helios never evaluated a row-budget program.
 
     Helios prices constrained ragged and adaptive programs only when an upper bound can beat the best
-    candidate in hand (policy._add_deferred), and that candidate may itself be pruned as padding (U12)
+    candidate in hand (select/leader.py:_add_deferred), and that candidate may itself be pruned as padding (U12)
     afterwards. Two outcomes follow, both seen here: Helios's winner is padding for a program it skipped,
     or a skipped program had the higher value. The direct scheduler evaluates every program.
     """

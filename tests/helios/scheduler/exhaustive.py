@@ -1,16 +1,16 @@
-"""Brute-force reference for V2: score every legal cohort of one graph, independently of policy.py."""
+"""Brute-force reference for V2: score every legal cohort of one graph, independently of helios/scheduler/select."""
 
 from __future__ import annotations
 
 import os
 from itertools import combinations
 
-from helios.scheduler import policy as pol
+from helios.scheduler.select.population import Decoders, Prompters
 
 EXAMPLES = 60 if os.environ.get("FLARE_TEST_SCALE") == "ci" else 300
 
 
-def expected_tokens(dec: pol.Decoders, i: int, length: int, source: str | None, alpha: float) -> float:
+def expected_tokens(dec: Decoders, i: int, length: int, source: str | None, alpha: float) -> float:
     if source is None:
         return 1.0
     s = dec.survival[i][source]
@@ -22,7 +22,7 @@ def decoder_value(dec, i, length, source, alpha, t_ms) -> float:
     return e * dec.token_price[i] + dec.delivery_price[i] + dec.age_credit[i] + dec.age_slope[i] * t_ms
 
 
-def prompt_value(prm: pol.Prompters, j: int, capacity: int) -> float:
+def prompt_value(prm: Prompters, j: int, capacity: int) -> float:
     tokens = min(capacity, prm.remaining[j])
     return tokens * prm.price[j] + (prm.first_token[j] if tokens == prm.remaining[j] else 0.0)
 

@@ -22,7 +22,7 @@ from helios.scheduler.learning import (
     term_candidate,
     term_rank_key,
 )
-from helios.scheduler.policy import Choice
+from helios.scheduler.select.choice import Choice
 from helios.scheduler.service import MIN_RATE_PER_MS, ServiceHistory, blend, decay_factor
 
 # ---------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from helios.scheduler import (
     SelectionReason,
     ValueSource,
 )
-from helios.scheduler import policy as pol
+from helios.scheduler.select.catalog import describe
+from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.explore import Explorer
 from helios.scheduler.learning import ProbeLane, WidthProgram
 from helios.scheduler.speculation import POPULATION_STEP
@@ -447,8 +448,8 @@ def test_D9_execution_counters_split_time_by_reason():
 def test_D8_shortlist_of_fastest_program_per_draft_cap_picks_the_same_probe(shapes, means, weights, remaining):
     graphs = [decode(1)] + [spec(b, w) for b, w, _ in dict(((b, w), (b, w, ms)) for b, w, ms in shapes).values()]
     durations = [5] + [ms for _, _, ms in dict(((b, w), (b, w, ms)) for b, w, ms in shapes).values()]
-    timings = [pol.GraphTiming(int(ms * MS), True) for ms in durations]
-    explorer = Explorer(graphs, pol.describe(graphs), max_depth=5, alpha=1.0, fixed_width=False)
+    timings = [GraphTiming(int(ms * MS), True) for ms in durations]
+    explorer = Explorer(graphs, describe(graphs), max_depth=5, alpha=1.0, fixed_width=False)
     everything = [WidthProgram.of(g, t.duration_ns) for g, t in zip(graphs[1:], timings[1:])]
     lane = ProbeLane(tuple(means), tuple(weights), remaining, WidthProgram.of(graphs[0], 5 * MS))
     full, short = best_probe([lane], everything), best_probe([lane], explorer._programs("learned", timings))

@@ -11,7 +11,9 @@ from test_core_lifecycle import TIMING, decoding
 import pytest
 
 from helios.scheduler import CompletionRecord, ExecutionTiming, PolicyConfig
-from helios.scheduler import policy as pol
+from helios.scheduler.select.leader import select
+from helios.scheduler.select.population import Decoders, Population, Prompters
+from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.types import RequestHandle
 
 prices = st.floats(0.0, 100.0, allow_nan=False)
@@ -25,7 +27,7 @@ def mixed_cases(draw):
     graph = mixed(batch, capacity, width, width - 1)
     slope = draw(st.floats(0.0, 2.0))
     shared_slope = draw(st.booleans())
-    dec = pol.Decoders()
+    dec = Decoders()
     for i in range(draw(st.integers(0, 5))):
         dec.handle.append(RequestHandle(i, i + 1))
         dec.token_price.append(draw(prices))
@@ -36,7 +38,7 @@ def mixed_cases(draw):
         s = sorted(draw(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3)), reverse=True)
         dec.survival.append({"learned": tuple(s)})
         dec.recency.append(draw(st.integers(0, 3)))
-    prm = pol.Prompters()
+    prm = Prompters()
     for j in range(draw(st.integers(0, 3))):
         remaining = draw(st.integers(1, 300))
         prm.handle.append(RequestHandle(10 + j, 20 + j))
@@ -48,7 +50,7 @@ def mixed_cases(draw):
         prm.recency.append(0)
     t_ms = draw(st.one_of(st.none(), st.floats(0.5, 50.0)))
     active = draw(st.floats(0.0, 3.0))
-    return graph, pol.Population(dec, prm, active, draw(st.sampled_from([0.5, 1.0, 2.0]))), t_ms
+    return graph, Population(dec, prm, active, draw(st.sampled_from([0.5, 1.0, 2.0]))), t_ms
 
 
 def exhaustive_best(graph, population, t_ms):
@@ -77,10 +79,10 @@ def exhaustive_best(graph, population, t_ms):
 @given(mixed_cases())
 def test_V2_P7_mixed_selection_equals_exhaustive_enumeration(case):
     graph, population, t_ms = case
-    timing = pol.GraphTiming(int(t_ms * MS) if t_ms else 0, True)
+    timing = GraphTiming(int(t_ms * MS) if t_ms else 0, True)
     if t_ms:
         t_ms = timing.duration_ns / MS
-    choice = pol.select([graph], [timing], population)
+    choice = select([graph], [timing], population)
     best = exhaustive_best(graph, population, t_ms)
     if best is None:
         assert choice is None

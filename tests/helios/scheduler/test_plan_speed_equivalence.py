@@ -31,7 +31,13 @@ from hypothesis import strategies as st
 from sched_harness import MS, decode, mixed, spec
 
 from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind
-from helios.scheduler import policy as pol
+from helios.scheduler.select.catalog import describe
+from helios.scheduler.select.choice import Choice
+from helios.scheduler.select.evaluate import evaluate_scores
+from helios.scheduler.select.leader import select
+from helios.scheduler.select.population import Decoders, Population, Prompters, cumulative_gains
+from helios.scheduler.select.rankings import Selector
+from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.catalog_timing import CatalogTiming
 from helios.scheduler.cost import CostModel
 from helios.scheduler.explore import Decision, Explorer, ProbeSubject
@@ -69,15 +75,15 @@ def _selection(estimates: PrefixSurvival, alpha: float) -> tuple[dict, dict]:
     for depth in range(1, MAX_DEPTH + 1):
         envelope = min(envelope, estimates.survival(depth))
         means.append(envelope)
-    return {"learned": tuple(means)}, {"learned": pol.cumulative_gains(means, alpha)}
+    return {"learned": tuple(means)}, {"learned": cumulative_gains(means, alpha)}
 
 
 def _probe_case(seed: int):
     rng = random.Random(seed)
     alpha = rng.choice([1.0, 0.5, 2.0])
-    timings = [pol.GraphTiming(int(rng.uniform(2, 12) * MS), True) for _ in CATALOG]
+    timings = [GraphTiming(int(rng.uniform(2, 12) * MS), True) for _ in CATALOG]
     winner_index = rng.choice([0, 1, 3])  # width one, or a width-two program of the lanes' source
-    lanes, dec, requests = [], pol.Decoders(), {}
+    lanes, dec, requests = [], Decoders(), {}
     price_pool = [rng.uniform(0.1, 5) for _ in range(3)]  # shared prices make equal gains, so ties
     # shared estimates: lanes whose probe inputs differ only in price share a probe basis
     estimates_pool = [_estimates(rng) for _ in range(2)]
@@ -99,8 +105,8 @@ def _probe_case(seed: int):
             dec.estimates.append({"learned": estimates.means_and_weights(MAX_DEPTH)})
         requests[handle] = ProbeSubject(room, {"learned": estimates})
         lanes.append(PlannedLane(handle, LanePhase.DECODE, query_length=1))
-    winner = pol.Choice(CATALOG[winner_index], tuple(lanes), timings[winner_index], 1.0, 0.0, None)
-    decision = Decision(winner, timings, pol.Population(dec, pol.Prompters(), 0.0, alpha), 0)
+    winner = Choice(CATALOG[winner_index], tuple(lanes), timings[winner_index], 1.0, 0.0, None)
+    decision = Decision(winner, timings, Population(dec, Prompters(), 0.0, alpha), 0)
     return decision, requests, alpha
 
 
@@ -126,7 +132,7 @@ def _ranked_over_every_lane(explorer: Explorer, decision: Decision, requests, al
 @given(st.integers(0, 2**32 - 1))
 def test_D8_S9_bounded_probe_search_finds_the_probe_ranking_all_lanes_finds(seed):
     decision, requests, alpha = _probe_case(seed)
-    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=alpha, fixed_width=False)
+    explorer = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=alpha, fixed_width=False)
     got = explorer._best_probe(decision, requests.__getitem__)
     want = _ranked_over_every_lane(explorer, decision, requests, alpha)
     assert (got is None) == (want is None)
@@ -141,7 +147,7 @@ def test_D8_S9_bounded_probe_search_finds_the_probe_ranking_all_lanes_finds(seed
 def _uniform_lanes(prices, depths=((0.6, 100.0),), prior_weight=1e-9, kept=False, rooms=None):
     """Lanes priced ``prices``, all with the same estimates: by default one well-known first draft
     and unexplored deeper ones (optimism 1). ``kept``: the population keeps their means and weights."""
-    dec, requests, lanes = pol.Decoders(), {}, []
+    dec, requests, lanes = Decoders(), {}, []
     rooms = rooms or [10_000] * len(prices)
     for slot, (price, room) in enumerate(zip(prices, rooms)):
         handle = RequestHandle(slot, slot + 1)
@@ -156,14 +162,14 @@ def _uniform_lanes(prices, depths=((0.6, 100.0),), prior_weight=1e-9, kept=False
             dec.estimates.append({"learned": estimates.means_and_weights(MAX_DEPTH)})
         requests[handle] = ProbeSubject(room, {"learned": estimates})
         lanes.append(PlannedLane(handle, LanePhase.DECODE, query_length=2))
-    timings = [pol.GraphTiming(int(ms * MS), True) for ms in (3, 4, 5, 6, 4, 5, 6, 8)]
-    winner = pol.Choice(CATALOG[3], tuple(lanes), timings[3], 1.0, 0.0, None)
-    return Decision(winner, timings, pol.Population(dec, pol.Prompters(), 0.0, 1.0), 0), requests
+    timings = [GraphTiming(int(ms * MS), True) for ms in (3, 4, 5, 6, 4, 5, 6, 8)]
+    winner = Choice(CATALOG[3], tuple(lanes), timings[3], 1.0, 0.0, None)
+    return Decision(winner, timings, Population(dec, Prompters(), 0.0, 1.0), 0), requests
 
 
 def test_D8_probe_gain_bound_is_tight_when_added_drafts_are_unexplored():
     decision, requests = _uniform_lanes([1.0])
-    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    explorer = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
     (lane,) = explorer._probe_lanes(decision)
     (found,) = explorer._lane_bests(decision, requests[lane.handle], lane.price)
     gain = -found.key[0]
@@ -180,7 +186,7 @@ def test_D8_a_lane_a_rounding_cheaper_still_wins_on_an_equal_or_rounded_up_gain(
     depths = ((0.6, 100.0), (0.3, 100.0), (0.1, 100.0))
     decision, requests = _uniform_lanes([math.nextafter(price, 0.0), price], depths=depths, prior_weight=1.0,
                                         kept=kept)
-    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    explorer = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
     found, handle = explorer._best_probe(decision, requests.__getitem__)
     expected, expected_handle = _ranked_over_every_lane(explorer, decision, requests, 1.0)
     assert handle == expected_handle == RequestHandle(0, 1) and found.rank_key() == expected.rank_key()
@@ -195,7 +201,7 @@ def test_D8_kept_means_and_weights_spare_asking_for_each_request_and_share_one_b
     prices = [1.0, 1.02, 0.97, 1.01, 0.99, 1.015]
     depths = ((0.6, 100.0), (0.3, 100.0), (0.1, 100.0))
     decision, requests = _uniform_lanes(prices, depths=depths, prior_weight=1.0, kept=True)
-    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    explorer = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
     bases = []
     basis = explore.probe_basis
     monkeypatch.setattr(explore, "probe_basis", lambda *a: bases.append(a) or basis(*a))
@@ -217,7 +223,7 @@ def test_D8_lanes_share_a_probe_basis_only_where_their_room_limits_no_depth(room
     gets the probe its own room allows, as ranking every lane does."""
     depths = ((0.6, 100.0), (0.3, 100.0), (0.1, 100.0))
     decision, requests = _uniform_lanes([1.0, 1.3], depths=depths, prior_weight=0.5, kept=True, rooms=rooms)
-    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    explorer = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
     for order in ((0, 1), (1, 0)):  # either lane may compute the basis the other could reuse
         lanes, bases = explorer._probe_lanes(decision), {}
         for position in order:
@@ -256,7 +262,7 @@ def test_D8_best_priced_term_is_the_first_least_rank_key_of_all_priced_terms(see
 
 def test_D8_probe_search_evaluates_only_lanes_whose_bound_reaches_the_best_gain():
     decision, requests = _uniform_lanes([1.0, 1.0, 1.3, 1.0, 1.0, 1.0])
-    explorer = Explorer(CATALOG, pol.describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
+    explorer = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False)
     asked = []
     found, handle = explorer._best_probe(decision, lambda h: asked.append(h) or requests[h])
     assert handle == RequestHandle(2, 3) and asked == [handle]
@@ -325,7 +331,7 @@ def test_D2_timings_turn_stale_when_a_table_built_afresh_sees_them_stale(steps):
 def test_U5_fastest_shapes_of_another_timing_list_are_scanned_afresh():
     graphs = [decode(1), decode(4)]
     table = CatalogTiming(graphs, CostModel(ttl_ns=10**15))
-    own = [pol.GraphTiming(3 * MS, True), pol.GraphTiming(0, True)]  # a scheduler with its own cost model
+    own = [GraphTiming(3 * MS, True), GraphTiming(0, True)]  # a scheduler with its own cost model
     (shape,) = table.fastest_shapes(DeliveryFamily(None), own)
     assert (shape.batch_capacity, shape.duration_ms) == (1, 3.0)
 
@@ -341,7 +347,7 @@ def test_S5_A10_winner_lanes_carry_the_expected_tokens_of_their_rows(seed):
     rng = random.Random(seed)
     graph = rng.choice([spec(4, 2), spec(4, 4), spec(8, 3), mixed(4, 64, 4, 3)])
     alpha = rng.choice([1.0, 0.5])
-    dec = pol.Decoders()
+    dec = Decoders()
     for slot in range(rng.randint(1, 8)):
         survival = tuple(sorted((rng.random() for _ in range(MAX_DEPTH)), reverse=True))
         dec.handle.append(RequestHandle(slot, slot + 1))
@@ -352,12 +358,12 @@ def test_S5_A10_winner_lanes_carry_the_expected_tokens_of_their_rows(seed):
         dec.room.append(rng.choice([1, 2, 3, 50]))
         dec.survival.append({"learned": survival})
         dec.recency.append(rng.randint(0, 3))
-    population = pol.Population(dec, pol.Prompters(), 0.0, alpha)
-    choice = pol.select([graph], [pol.GraphTiming(5 * MS, True)], population)
+    population = Population(dec, Prompters(), 0.0, alpha)
+    choice = select([graph], [GraphTiming(5 * MS, True)], population)
     slot_of = {h: i for i, h in enumerate(dec.handle)}
     for lane in choice.lanes:
         i = slot_of[lane.handle]
-        assert lane.query_length == min(pol.describe([graph])[0].width, dec.room[i])
+        assert lane.query_length == min(describe([graph])[0].width, dec.room[i])
         assert lane.expected_tokens == pytest.approx(expected_tokens(dec, i, lane.query_length, "learned", alpha),
                                                      rel=1e-12)
 
@@ -373,13 +379,13 @@ def test_D7_scores_without_lanes_match_each_program_selected_alone(seed):
     """A stale program's refresh score is its own best cohort: what selection finds on it alone."""
     rng = random.Random(seed)
     graphs = CATALOG + [mixed(2, 64), mixed(4, 64, 2, 1)]
-    timings = [pol.GraphTiming(rng.choice([0, int(rng.uniform(2, 9) * MS)]), rng.random() < 0.5) for _ in graphs]
+    timings = [GraphTiming(rng.choice([0, int(rng.uniform(2, 9) * MS)]), rng.random() < 0.5) for _ in graphs]
     decision, _, _ = _probe_case(seed)
     population = decision.population
     indices = rng.sample(range(len(graphs)), rng.randint(1, len(graphs)))
-    scored = pol.evaluate_scores(graphs, timings, population, pol.describe(graphs), indices)
+    scored = evaluate_scores(graphs, timings, population, describe(graphs), indices)
     for index in indices:
-        alone = pol.select([graphs[index]], [timings[index]], population)
+        alone = select([graphs[index]], [timings[index]], population)
         assert (index in scored) == (alone is not None)
         if alone is not None:
             assert scored[index].score == alone.score
@@ -425,7 +431,7 @@ def test_S5_U9_uncapped_shortcut_values_equal_the_capped_formula(seed):
     width = rng.randint(2, MAX_DEPTH + 1)
     graph = spec(rng.choice([1, 2, 4, 8]), width)
     alpha = rng.choice([1.0, 0.5, 2.0])
-    dec = pol.Decoders()
+    dec = Decoders()
     for slot in range(rng.randint(1, 10)):
         survival = tuple(sorted((rng.choice([1.0, rng.random()]) for _ in range(MAX_DEPTH)), reverse=True))
         dec.handle.append(RequestHandle(slot, slot + 1))
@@ -436,8 +442,8 @@ def test_S5_U9_uncapped_shortcut_values_equal_the_capped_formula(seed):
         dec.room.append(rng.choice([width - 1, width, width + 1, 10_000]) or 1)
         dec.survival.append({"learned": survival})
         dec.recency.append(slot)
-    population = pol.Population(dec, pol.Prompters(), 0.0, alpha)
-    choice = pol.select([graph], [pol.GraphTiming(5 * MS, True)], population)
+    population = Population(dec, Prompters(), 0.0, alpha)
+    choice = select([graph], [GraphTiming(5 * MS, True)], population)
     values = sorted(
         (expected_tokens(dec, i, min(width, dec.room[i]), "learned", alpha) * dec.token_price[i]
          + dec.delivery_price[i] + dec.age_credit[i] for i in range(len(dec))),
@@ -451,9 +457,9 @@ def test_S5_U9_uncapped_shortcut_values_equal_the_capped_formula(seed):
 # U9 / U12 / U8: wider widths skipped by their bound decide what scoring them decides
 # ---------------------------------------------------------------------------
 
-def _unit_decoders(count: int, survival: dict, room: int = 100) -> pol.Decoders:
+def _unit_decoders(count: int, survival: dict, room: int = 100) -> Decoders:
     """``count`` decoders at token price one, nothing else priced, the same survival and room."""
-    dec = pol.Decoders()
+    dec = Decoders()
     for slot in range(count):
         dec.handle.append(RequestHandle(slot, slot + 1))
         for column, value in ((dec.token_price, 1.0), (dec.delivery_price, 0.0), (dec.age_credit, 0.0),
@@ -476,9 +482,9 @@ _BOUND_POOL = (
 def _bounded_case(rng: random.Random):
     graphs = rng.sample(_BOUND_POOL, rng.randint(2, len(_BOUND_POOL)))
     tick = rng.choice([0.5, 1.0])  # coarse durations make exact ties between programs
-    timings = [pol.GraphTiming(int(rng.randint(2, 24) * tick * MS), True) for _ in graphs]
+    timings = [GraphTiming(int(rng.randint(2, 24) * tick * MS), True) for _ in graphs]
     alpha = rng.choice([1.0, 0.5, 2.0])
-    dec, slope = pol.Decoders(), rng.choice([0.0, 0.05])
+    dec, slope = Decoders(), rng.choice([0.0, 0.05])
     speculating = rng.random() < 0.7  # otherwise decode and mixed programs compete alone
     for slot in range(rng.randint(0, 12)):
         survival = tuple(sorted((rng.choice([1.0, 0.0, rng.random()]) for _ in range(rng.randint(0, 5))),
@@ -491,7 +497,7 @@ def _bounded_case(rng: random.Random):
         dec.room.append(rng.choice([1, 2, 3, 10_000]))
         dec.survival.append({"learned": survival} if speculating and rng.random() < 0.9 else {})
         dec.recency.append(rng.randint(0, 3))
-    prm = pol.Prompters()
+    prm = Prompters()
     for slot in range(rng.choice([0, 0, 1, 3])):
         remaining = rng.choice([8, 64, 300])
         prm.handle.append(RequestHandle(40 + slot, 1))
@@ -501,7 +507,7 @@ def _bounded_case(rng: random.Random):
         prm.price.append(rng.uniform(0.05, 2))
         prm.first_token.append(rng.uniform(0, 2))
         prm.recency.append(rng.randint(0, 3))
-    return graphs, timings, pol.Population(dec, prm, slope * len(dec) * rng.choice([0.0, 1.0]), alpha)
+    return graphs, timings, Population(dec, prm, slope * len(dec) * rng.choice([0.0, 1.0]), alpha)
 
 
 @settings(max_examples=EXAMPLES * 4, deadline=None)
@@ -511,10 +517,10 @@ def test_U9_U12_skipped_wider_widths_decide_what_scoring_every_width_decides(see
     win picks the graph, the cohort and the score that scoring every program picks, with its
     ties (U8) and padding pruning (U12): the reference scores every group eagerly."""
     graphs, timings, population = _bounded_case(random.Random(seed))
-    described = pol.describe(graphs)
+    described = describe(graphs)
     everything = dataclasses.replace(described, eager=described.groups, bounded=())
-    fast = pol.select(graphs, timings, population, described)
-    plain = pol.select(graphs, timings, population, everything)
+    fast = select(graphs, timings, population, described)
+    plain = select(graphs, timings, population, everything)
     assert (fast is None) == (plain is None)
     if fast is not None:
         assert (fast.graph, fast.lanes, fast.score, fast.log_scale, fast.prefill_row) == \
@@ -525,17 +531,17 @@ def test_U9_a_wide_width_that_cannot_win_is_never_scored(monkeypatch):
     """The skip is real: with acceptance that ends after one draft, widths past two gain nothing,
     cost more, and are never ranked; with full acceptance the widest wins and is ranked."""
     graphs = [decode(8)] + [spec(8, w) for w in (2, 3, 4, 5, 6)]
-    timings = [pol.GraphTiming(int((3 + w) * MS), True) for w in (1, 2, 3, 4, 5, 6)]
-    described = pol.describe(graphs)
+    timings = [GraphTiming(int((3 + w) * MS), True) for w in (1, 2, 3, 4, 5, 6)]
+    described = describe(graphs)
     ranked = []
-    original = pol._Selector._rank_decoders
-    monkeypatch.setattr(pol._Selector, "_rank_decoders",
+    original = Selector._rank_decoders
+    monkeypatch.setattr(Selector, "_rank_decoders",
                         lambda self, source, width, t_ms: ranked.append(width) or original(self, source, width, t_ms))
     for survival, winner_width, widths_ranked in (((1.0, 0.0, 0.0, 0.0, 0.0), 2, [1, 2]),
                                                    ((1.0,) * 5, 6, [1, 2, 3, 4, 5, 6])):
         ranked.clear()
         dec = _unit_decoders(8, {"learned": survival})
-        choice = pol.select(graphs, timings, pol.Population(dec, pol.Prompters(), 0.0, 1.0), described)
+        choice = select(graphs, timings, Population(dec, Prompters(), 0.0, 1.0), described)
         assert choice.graph.width == winner_width
         assert sorted(ranked) == widths_ranked
 
@@ -545,10 +551,10 @@ def test_U12_a_narrower_width_still_prunes_a_faster_wider_program_doing_its_work
     program measured faster scores best, but the narrower one (whose bound alone is below the
     width-two program) dominates it as padding, so width two wins (U12)."""
     graphs = [spec(8, 2, depth=1), spec(4, 3, depth=3), spec(4, 4, depth=3)]
-    timings = [pol.GraphTiming(int(ms * MS), True) for ms in (8, 20, 4)]
-    population = pol.Population(_unit_decoders(4, {"learned": (1.0, 1.0, 1.0)}, room=2), pol.Prompters(), 0.0, 1.0)
-    wide_alone = pol.select(graphs[2:], timings[2:], population)
-    choice = pol.select(graphs, timings, population)
+    timings = [GraphTiming(int(ms * MS), True) for ms in (8, 20, 4)]
+    population = Population(_unit_decoders(4, {"learned": (1.0, 1.0, 1.0)}, room=2), Prompters(), 0.0, 1.0)
+    wide_alone = select(graphs[2:], timings[2:], population)
+    choice = select(graphs, timings, population)
     assert wide_alone.score == pytest.approx(2.0)  # 4 lanes x 2 tokens in 4 ms: the best score
     assert choice.graph is graphs[0] and choice.score == pytest.approx(1.0)
 
@@ -558,8 +564,8 @@ def test_U6_mixed_decoders_only_cohort_is_left_out_only_when_a_faster_rectangula
     """Without prompts a mixed program serves decoders only: the same lanes as the decode
     program of its batch, so the faster of the two wins, and the slower is never scored."""
     graphs = [decode(4), mixed(4, 64)]
-    timings = [pol.GraphTiming(6 * MS, True), pol.GraphTiming(int(mixed_ms * MS), True)]
-    choice = pol.select(graphs, timings, pol.Population(_unit_decoders(4, {}), pol.Prompters(), 0.0, 1.0))
+    timings = [GraphTiming(6 * MS, True), GraphTiming(int(mixed_ms * MS), True)]
+    choice = select(graphs, timings, Population(_unit_decoders(4, {}), Prompters(), 0.0, 1.0))
     assert choice.graph.kind.value == winner and choice.score == pytest.approx(4 / min(6.0, mixed_ms))
 
 
@@ -581,13 +587,13 @@ def test_U12_a_faster_larger_prefill_program_is_still_padding(remaining, winner_
     the larger one, though measured faster, is padding and pruned (U12); at 65 tokens it is not.
     (The fast leader's pre-check compares the prompt row's tokens with each smaller capacity.)"""
     graphs = [GraphDescriptor(f"prefill_c{c}", GraphKind.PREFILL, 1, prefill_capacity=c) for c in (64, 128)]
-    timings = [pol.GraphTiming(5 * MS, True), pol.GraphTiming(4 * MS, True)]
-    prm = pol.Prompters()
+    timings = [GraphTiming(5 * MS, True), GraphTiming(4 * MS, True)]
+    prm = Prompters()
     prm.handle.append(RequestHandle(0, 1))
     for column, value in ((prm.start, 0), (prm.remaining, remaining), (prm.to_endpoint, remaining),
                           (prm.price, 1.0), (prm.first_token, 0.0), (prm.recency, 0)):
         column.append(value)
-    choice = pol.select(graphs, timings, pol.Population(pol.Decoders(), prm, 0.0, 1.0))
+    choice = select(graphs, timings, Population(Decoders(), prm, 0.0, 1.0))
     assert choice.graph.prefill_capacity == winner_capacity
 
 
@@ -596,10 +602,10 @@ def test_U12_a_skipped_mixed_program_still_prunes_a_faster_larger_one():
     mixed(8, 256), with no decode(8) beside it, scores best serving the same four decoders as
     padding. The skipped mixed(4, 64) dominates it (U12), so the fast path must not pick it."""
     graphs = [decode(4), mixed(4, 64), mixed(8, 256)]
-    timings = [pol.GraphTiming(ms * MS, True) for ms in (3, 5, 2)]
-    population = pol.Population(_unit_decoders(4, {}), pol.Prompters(), 0.0, 1.0)
-    assert pol.select(graphs[2:], timings[2:], population).score == pytest.approx(2.0)  # 4 lanes in 2 ms
-    choice = pol.select(graphs, timings, population)
+    timings = [GraphTiming(ms * MS, True) for ms in (3, 5, 2)]
+    population = Population(_unit_decoders(4, {}), Prompters(), 0.0, 1.0)
+    assert select(graphs[2:], timings[2:], population).score == pytest.approx(2.0)  # 4 lanes in 2 ms
+    choice = select(graphs, timings, population)
     assert choice.graph is graphs[0] and choice.score == pytest.approx(4 / 3)
 
 
@@ -625,7 +631,6 @@ def test_U5_U8_D8_population_facts_the_core_vouches_for_hold_and_decide_nothing(
     from helios.sim.simulator import Simulation, SimulationOptions
 
     seen = {"ordered": 0, "uniform_slope": 0, "positive": 0, "decisions": 0, "estimates": 0}
-    select = pol.select
 
     def checking_select(graphs, timings, population, described=None, durations=None):
         d, p = population.decoders, population.prompters
@@ -654,7 +659,7 @@ def test_U5_U8_D8_population_facts_the_core_vouches_for_hold_and_decide_nothing(
                                                                           want.prefill_row)
         return got
 
-    monkeypatch.setattr(core.pol, "select", checking_select)
+    monkeypatch.setattr(core, "select", checking_select)
     trace = random_trace(11, 24, 150.0, copy_share=copy_share, policy=policy)
     simulation = Simulation(parse_catalog(varied_catalog(), name), parse_trace(trace, name),
                             SimulationOptions(until_ns=1_500 * MS))

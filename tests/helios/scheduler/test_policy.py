@@ -13,8 +13,11 @@ import pytest
 from sched_harness import MS, Driver, ask, decode, measured, mixed, prefill, spec
 
 from helios.scheduler import GraphKind, LanePhase, PolicyConfig, RequestHandle, SelectionReason, ValueSource
-from helios.scheduler import policy as pol
-from helios.scheduler.utility import value_rate
+from helios.scheduler.select.choice import Choice
+from helios.scheduler.select.leader import select
+from helios.scheduler.select.population import Decoders, Population, Prompters
+from helios.scheduler.select.timing import GraphTiming
+from helios.scheduler.utility import decision_log_scale, value_rate
 from tests.helios.scheduler.reference import scaled_rate
 
 PREFILLS = {prefill(c): 2.0 + c * 0.008 for c in (64, 256, 1024, 4096)}
@@ -33,8 +36,8 @@ def h(slot: int) -> RequestHandle:
     return RequestHandle(slot, slot + 1)
 
 
-def decoders(values, *, room=100, survival=None, slope=0.0, recency=None) -> pol.Decoders:
-    d = pol.Decoders()
+def decoders(values, *, room=100, survival=None, slope=0.0, recency=None) -> Decoders:
+    d = Decoders()
     for i, v in enumerate(values):
         d.handle.append(h(i))
         d.token_price.append(v)
@@ -47,8 +50,8 @@ def decoders(values, *, room=100, survival=None, slope=0.0, recency=None) -> pol
     return d
 
 
-def prompters(remaining, *, price=1.0, first_token=0.0, endpoints=None, base_slot=50) -> pol.Prompters:
-    p = pol.Prompters()
+def prompters(remaining, *, price=1.0, first_token=0.0, endpoints=None, base_slot=50) -> Prompters:
+    p = Prompters()
     for i, r in enumerate(remaining):
         p.handle.append(h(base_slot + i))
         p.start.append(0)
@@ -60,14 +63,14 @@ def prompters(remaining, *, price=1.0, first_token=0.0, endpoints=None, base_slo
     return p
 
 
-def timing(ms: float | None, fresh: bool = True) -> pol.GraphTiming:
-    return pol.GraphTiming(int(ms * MS) if ms else 0, fresh)
+def timing(ms: float | None, fresh: bool = True) -> GraphTiming:
+    return GraphTiming(int(ms * MS) if ms else 0, fresh)
 
 
-def choose(graphs_ms: dict, dec=None, prm=None, active=0.0, alpha=1.0) -> pol.Choice | None:
+def choose(graphs_ms: dict, dec=None, prm=None, active=0.0, alpha=1.0) -> Choice | None:
     graphs = list(graphs_ms)
-    population = pol.Population(dec or pol.Decoders(), prm or pol.Prompters(), active, alpha)
-    return pol.select(graphs, [timing(graphs_ms[g]) for g in graphs], population)
+    population = Population(dec or Decoders(), prm or Prompters(), active, alpha)
+    return select(graphs, [timing(graphs_ms[g]) for g in graphs], population)
 
 
 # ---------------------------------------------------------------------------
@@ -116,7 +119,7 @@ def test_U6_waiting_cost_of_active_decoders_sends_the_decision_to_the_shorter_pr
         assert alone.score == pytest.approx(alone_free.score - ms / 2 * active)
 
 
-def _with_slopes(d: pol.Decoders, slopes) -> pol.Decoders:
+def _with_slopes(d: Decoders, slopes) -> Decoders:
     d.age_slope[:] = slopes
     return d
 
@@ -126,7 +129,7 @@ def _plan_score(plan) -> float:
     return plan.scaled_value_rate / math.exp(plan.log_scale)
 
 
-def _served_value(plan, population: pol.Population) -> float:
+def _served_value(plan, population: Population) -> float:
     """U6's numerator for ``plan``'s lanes, from the prices the scheduler put in ``population``."""
     t_ms = plan.estimated_duration_ns / MS
     d, p = population.decoders, population.prompters
@@ -184,7 +187,7 @@ def test_U7_scale_comes_from_the_winning_score_alone():
     with_loser = choose({D1: 3.0, D2: 4000.0}, dec, active=active)
     loser = choose({D2: 4000.0}, dec, active=active)
     assert with_loser.graph is D1 and loser.score < -abs(alone.score) * 4  # the loser is far larger in magnitude
-    assert with_loser.log_scale == alone.log_scale == pol.decision_log_scale(abs(alone.score))
+    assert with_loser.log_scale == alone.log_scale == decision_log_scale(abs(alone.score))
     assert 0.5 <= abs(scaled_rate(with_loser)) < 1.0 + 1e-12
 
 

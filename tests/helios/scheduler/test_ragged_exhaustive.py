@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from sched_harness import MS, spec
 
 from helios.scheduler import ValueSource, rounds
-from helios.scheduler import policy as pol
+from helios.scheduler.select.leader import select
+from helios.scheduler.select.population import Decoders, Population, Prompters
+from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.types import RequestHandle
 from helios.scheduler.utility import AdaptiveLane, best_adaptive_cohort, causal_allocation
 
@@ -22,7 +24,7 @@ prices = st.floats(0.0, 100.0, allow_nan=False)
 def decoder_population(draw, most: int = 6):
     slope = draw(st.floats(0.0, 2.0))
     shared_slope = draw(st.booleans())
-    dec = pol.Decoders()
+    dec = Decoders()
     for i in range(draw(st.integers(1, most))):
         dec.handle.append(RequestHandle(i, i + 1))
         dec.token_price.append(draw(prices))
@@ -33,7 +35,7 @@ def decoder_population(draw, most: int = 6):
         s = sorted(draw(st.lists(st.floats(0.0, 1.0), min_size=4, max_size=4)), reverse=True)
         dec.survival.append({"learned": tuple(s)})
         dec.recency.append(0)
-    return pol.Population(dec, pol.Prompters(), draw(st.floats(0.0, 3.0)), draw(st.sampled_from([0.5, 1.0, 2.0])))
+    return Population(dec, Prompters(), draw(st.floats(0.0, 3.0)), draw(st.sampled_from([0.5, 1.0, 2.0])))
 
 
 @st.composite
@@ -50,7 +52,7 @@ def ragged_cases(draw):
 @given(ragged_cases())
 def test_V2_U9_constrained_ragged_cohort_equals_exhaustive_enumeration(case):
     graph, population, t_ms = case
-    timing = pol.GraphTiming(int(t_ms * MS) if t_ms else 0, True)
+    timing = GraphTiming(int(t_ms * MS) if t_ms else 0, True)
     t_ms = timing.duration_ns / MS if t_ms else None
     dec = population.decoders
     width = min(graph.width, graph.proposal_depth + 1)
@@ -61,7 +63,7 @@ def test_V2_U9_constrained_ragged_cohort_equals_exhaustive_enumeration(case):
             value = sum(decoder_value(dec, i, lengths[i], "learned", population.alpha, t_ms or 0.0) for i in cohort)
             v = score(value, t_ms, population.active_age_price)
             best = v if best is None else max(best, v)
-    choice = pol.select([graph], [timing], population)
+    choice = select([graph], [timing], population)
     if best is None:  # no lane's full prefix fits P
         assert choice is None
         return
@@ -143,7 +145,7 @@ def test_U10_adaptive_search_is_bounded_and_priced_by_causal_allocation(lanes, b
 
 def test_U10_adaptive_graph_plans_ceilings_and_prices_allocation():
     g = spec(3, 4, aggregate=6, source=ValueSource.PREFIX_LIMIT)
-    dec = pol.Decoders()
+    dec = Decoders()
     for i, (s, room) in enumerate([((0.9, 0.8, 0.7), 10), ((0.2, 0.1, 0.0), 10), ((0.9, 0.9, 0.9), 2)]):
         dec.handle.append(RequestHandle(i, i + 1))
         dec.token_price.append(10.0)
@@ -153,7 +155,7 @@ def test_U10_adaptive_graph_plans_ceilings_and_prices_allocation():
         dec.room.append(room)
         dec.survival.append({"learned": s})
         dec.recency.append(0)
-    choice = pol.select([g], [pol.GraphTiming(5 * MS, True)], pol.Population(dec, pol.Prompters(), 0.0))
+    choice = select([g], [GraphTiming(5 * MS, True)], Population(dec, Prompters(), 0.0))
     ceilings = {l.handle.slot: l.ceiling for l in choice.lanes}
     assert ceilings == {0: 4, 1: 4, 2: 2}  # min(D + 1, W, room), may sum above P = 6 (S2)
     # 3 pending rows + 3 spare rows: 0.9 (slot 0), 0.9 (slot 2), 0.8 (slot 0)

@@ -1,0 +1,147 @@
+"""Wider speculative widths only when they can win: one bound per proposal source (U6, U8, S5).
+
+Called once the eager groups are scored. A lane's expected tokens grow with
+the width by the survival of each further draft, and survival never rises
+with depth (S5: prefix survival), so from the narrowest width w0 ranked,
+width w adds at most (w - w0) times the lane's next gain, p * s_w0 ** alpha.
+The best k lanes at width w are then worth at most the best k at w0 plus
+(w - w0) times the best k of those gains; every program of the bounded groups
+is bounded with that value (its own duration, the same age terms; a mixed
+program also with its best prompt row). If every bound stays below the best
+score, none is scored: none can win, tie (U8), or prune the winner as padding
+(a program of a wider logical width at the winner's depth never does the
+same work), so the decision is the one scoring everything gives. Otherwise
+every one is scored.
+
+Only lanes sharing one age slope are bounded this way (otherwise rankings
+depend on the duration), and only while everything scored is measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from helios.scheduler.select.candidates import score_group
+from helios.scheduler.select.catalog import Group, GroupKind
+from helios.scheduler.select.rankings import Selector
+from helios.scheduler.select.scorers import MISSING, Out
+
+# A bound is trusted only with this relative margin over the rounding of the
+# sums it bounds (64 positive terms and a few operations: far below 1e-12).
+BOUND_MARGIN = 1e-9
+
+_ABSENT = object()  # a ``PerDurations.bound_rows`` key not computed yet
+
+
+@dataclass(slots=True)
+class BoundRows:
+    """The bounded programs of one prompt capacity (0: decoders-only cohorts).
+
+    ``rows`` per program: (batch, 1/T, (width - w0)/T, T/2); the other fields
+    are the largest of each, which scale the bound's rounding margin.
+    """
+
+    rows: list[tuple[int, float, float, float]]
+    inverse: float
+    steps_inverse: float
+    half: float
+
+
+def score_bounded(sel: Selector, groups: Sequence[Group], graphs, timings, out: Out) -> list[Group]:
+    """Score the wider speculative groups unless none can reach the best measured score; return
+    the groups left unscored (all of them, or none)."""
+    top = max(out.scores, default=MISSING)
+    if top != MISSING and not out.entries and groups and _none_can_reach(sel, top):
+        return list(groups)
+    for group in groups:
+        score_group(sel, group, graphs, timings, out)
+    return []
+
+
+def _none_can_reach(sel: Selector, top: float) -> bool:
+    """Whether every bounded program's bound is below ``top``: one comprehension over all of them
+    per source, and one more per prompt capacity whose best row may ride in a mixed program; each
+    bound trusted with a margin of ``BOUND_MARGIN`` times its terms. The decoders-only cohorts of
+    mixed programs beaten by a faster rectangular sibling (``decode_only_beaten``) are left out:
+    they cannot win either.
+    """
+    active, margin, prompters = sel.pop.active_age_price, BOUND_MARGIN, bool(sel.pop.prompters.handle)
+    for bounded in sel.infos.bounded_sources:
+        source = bounded.source
+        cols = sel.source_columns(source)
+        w0 = sel.narrowest_ranked(source, bounded.first_width)
+        base = sel.decode_rankings.get((source, w0))
+        if not cols.uniform or base is None:
+            return False
+        flat = _flat_bound_rows(sel, source, bounded.groups, w0, cols.positive)
+        if flat is None:
+            return False
+        gains, value, slopes, n = sel.next_gains(source, w0), base.ranked.prefix, cols.slope_prefix, base.size
+        for capacity, found in flat.items():
+            if not found.rows:
+                continue
+            if capacity:  # the best prompt row of that capacity beside the best B - 1 decoders
+                if not prompters:
+                    continue
+                row = sel.prompt_ranking(capacity).ranked.top()
+                best = max([(row + value[k]) * inv + gains[k] * s_inv + slopes[k] - t_half * active
+                            for b, inv, s_inv, t_half in found.rows for k in (b - 1 if b - 1 < n else n,)])
+            else:  # decoders only
+                row = 0.0
+                best = max([value[k] * inv + gains[k] * s_inv + slopes[k] - t_half * active
+                            for b, inv, s_inv, t_half in found.rows for k in (b if b < n else n,)])
+            scale = (row + value[n]) * found.inverse + gains[n] * found.steps_inverse + slopes[n] + found.half * active
+            if best + margin * scale >= top:
+                return False
+    return True
+
+
+def _flat_bound_rows(sel: Selector, source: str, groups: Sequence[Group], w0: int,
+                     positive: bool) -> dict[int, BoundRows] | None:
+    """The programs of ``groups`` for ``_none_can_reach`` by prompt capacity, or None if a duration
+    is unknown. Kept with the durations they were read from (``PerDurations``)."""
+    cache = sel.derived.bound_rows
+    key = (source, w0, positive)
+    cached = cache.get(key, _ABSENT)
+    if cached is not _ABSENT:
+        return cached
+    durations = sel.t_ms
+    by_capacity: dict[int, list] = {0: []}
+    for group in groups:
+        steps = group.width - w0
+        rows = [(batch, 1.0 / t, steps / t, 0.5 * t) for index, batch in group.batches if (t := durations[index]) > 0.0]
+        if len(rows) < len(group.batches):
+            cache[key] = None
+            return None
+        if group.kind is GroupKind.MIXED:
+            if group.prefill_capacity:
+                by_capacity.setdefault(group.prefill_capacity, []).extend(rows)
+            if positive and decode_only_beaten(sel, group):
+                continue
+        by_capacity[0].extend(rows)
+    flat = cache[key] = {capacity: BoundRows(rows, max((r[1] for r in rows), default=0.0),
+                                             max((r[2] for r in rows), default=0.0),
+                                             max((r[3] for r in rows), default=0.0))
+                         for capacity, rows in by_capacity.items()}
+    return flat
+
+
+def decode_only_beaten(sel: Selector, group: Group) -> bool:
+    """Whether every program of a mixed ``group`` scores its decoders-only cohort strictly below
+    a rectangular program of the same source, width and batch measured faster.
+
+    The two take the same lanes, worth the same (positive) value; over a
+    longer duration that value earns a lower rate and the waiting cost is
+    larger (U6). So such a cohort never wins or ties (U8): the rectangular
+    program, scored or bounded below the best score, is ahead of it.
+    """
+    if not sel.source_columns(group.source).positive:
+        return False
+    beaten = sel.derived.beaten.get(group.number)
+    if beaten is None:
+        durations, siblings = sel.t_ms, sel.infos.siblings.get(group.number)
+        beaten = sel.derived.beaten[group.number] = siblings is not None and all(
+            durations[index] > 0.0 and any(0.0 < durations[other] < durations[index] for other in others)
+            for index, others in zip(group.members, siblings))
+    return beaten

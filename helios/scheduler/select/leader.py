@@ -1,0 +1,172 @@
+"""One decision: score every group, take the fast leader path when it applies, else rank every entry.
+
+Order of a decision (spec "Useful service and selection"):
+1. best cohort per graph (U9, U10, U13, P7), optimistic work score when the
+   duration is unknown (U8);
+2. prefill exploration filter for unmeasured larger prompt graphs (D4);
+3. dominance pruning of padded alternatives for the same logical work (U12);
+4. unknown beats known, then value, then the tie order (U8).
+
+``select`` takes a columnar snapshot of the runnable population and the
+duration knowledge of every prepared graph, and returns the single best
+``Choice``. The usual decision -- every candidate measured, one strictly best
+and not padding -- is read straight from the flat scores
+(:func:`_measured_leader`); anything else goes through the general path,
+which reaches the same answer.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from flare_contract.graphs import GraphDescriptor, GraphKind
+from helios.scheduler.select import dominance
+from helios.scheduler.select.bounds import decode_only_beaten, score_bounded
+from helios.scheduler.select.candidates import SCORERS, Candidate, Deferred, FlatIndex, Scored, decode_lanes, score_group
+from helios.scheduler.select.catalog import CatalogInfo, Group, GroupKind, describe
+from helios.scheduler.select.choice import Choice
+from helios.scheduler.select.population import Population
+from helios.scheduler.select.rankings import Selector
+from helios.scheduler.select.scorers import MISSING, Out
+from helios.scheduler.select.timing import GraphTiming, durations_ms
+from helios.scheduler.utility import decision_log_scale
+
+
+def select(
+    graphs: Sequence[GraphDescriptor],
+    timings: Sequence[GraphTiming],
+    population: Population,
+    described: CatalogInfo | None = None,
+    durations: Sequence[float] | None = None,
+) -> Choice | None:
+    """The best graph and cohort for the population, or None when nothing can run.
+
+    ``described`` is :func:`describe` of ``graphs`` and ``durations`` is
+    :func:`durations_ms` of ``timings``; callers planning repeatedly on one
+    catalog pass them to skip recomputing them.
+    """
+    described = described if described is not None else describe(graphs)
+    sel = Selector(population, described)
+    sel.t_ms = durations if durations is not None else durations_ms(timings)
+    sel.derived = described.per_durations.current(sel.t_ms)
+    out = Out(len(graphs))
+    skipped = []  # groups whose programs cannot win (the general path scores them)
+    for group in described.eager:
+        kind = group.kind
+        # a mixed group with no prompt row to carry, whose decoders run faster elsewhere, cannot win
+        if kind is GroupKind.MIXED and decode_only_beaten(sel, group) and not (
+                group.prefill_capacity and sel.pop.prompters.handle):
+            skipped.append(group)
+            continue
+        SCORERS[kind](sel, group, graphs, timings, out)
+    skipped += score_bounded(sel, described.bounded, graphs, timings, out)
+    if not out.entries:
+        fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
+        if fast is not None:
+            return fast
+    for group in skipped:  # the general path below ranks every program
+        score_group(sel, group, graphs, timings, out)
+    return _general(sel, graphs, timings, out)
+
+
+def _general(sel: Selector, graphs, timings, out: Out) -> Choice | None:
+    """Rank every entry: D4's filter, deferred searches, U12 pruning, then the tie order (U8)."""
+    described = sel.infos
+    scored = Scored(sel, graphs, timings)
+    found = out.all_entries()
+    # catalog order: ties keep it (U8)
+    scored.add_all([c for c in found if type(c) is tuple])
+    deferred = [c for c in found if type(c) is Deferred]
+    # D4 reads unmeasured prefill programs only
+    for entry in [e for i in described.prefill_graphs if type(e := found[i]) is tuple and e[0][0]]:
+        if _explores_redundantly(scored.candidate(entry), sel, described.prefill_sizes):
+            scored.drop(entry[1])
+    _add_deferred(scored, deferred)
+    tied = [scored.candidate(e) for e in scored.best_undominated()]
+    if not tied:
+        return None
+    if len(tied) > 1:
+        for c in tied:
+            c.recency = _recency(c, sel)
+    best = max(tied, key=Candidate.tie_key)
+    lanes, prefill_row = best.build()
+    return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(best.score)), prefill_row, sel)
+
+
+def _measured_leader(sel: Selector, scored: Scored, out: Out, skipped: Sequence[Group]) -> Choice | None:
+    """The usual decision, read from the flat scores: every candidate measured and rectangular,
+    mixed or prefill, and one program strictly best and not padding (U12). None otherwise,
+    and then ``select`` ranks every entry as it always has. ``scored`` reads its entries
+    from ``out`` (``FlatIndex``); only the pruning check looks any up.
+
+    With a single best score there is no tie to break (U8), no deferred program
+    to consult and no unmeasured prefill for D4, so the entry ``select`` would
+    pick is the one at that score. Programs of ``skipped`` groups score below it
+    (``bounds.score_bounded``); if one of them could prune it as padding, this
+    declines too, and ``select`` scores them all.
+    """
+    scores = out.scores
+    top = max(scores, default=MISSING)
+    if top == MISSING or scores.count(top) != 1:
+        return None
+    index = scores.index(top)
+    infos, payloads, graphs = sel.infos, out.payloads, scored.graphs
+    if skipped and dominance.skipped_may_dominate(infos, index, skipped):
+        return None
+    entry = (False, top), index, payloads[index]
+    if dominance.flat_may_be_dominated(infos, graphs, payloads, index) and dominance.is_dominated(scored, entry):
+        return None
+    graph, log_scale = graphs[index], decision_log_scale(abs(top))
+    if graph.kind in _RECTANGULAR_KINDS:  # what built_generation's candidate would build: its lanes
+        r = payloads[index]  # a DecodeRanking: the best min(B, n) of its decoders
+        lanes = tuple(decode_lanes(sel, r, r.decoders_served(graph)))
+        return Choice(graph, lanes, scored.timings[index], top, log_scale, None, sel)
+    best = scored.candidate(entry)
+    lanes, prefill_row = best.build()
+    return Choice(best.graph, lanes, best.timing, best.score, log_scale, prefill_row, sel)
+
+
+_RECTANGULAR_KINDS = (GraphKind.DECODE, GraphKind.SPECULATIVE)  # their flat cohorts are the best min(B, n) decoders
+
+
+def _explores_redundantly(c: Candidate, sel: Selector, prefill_sizes: Sequence[int]) -> bool:
+    """D4: an unmeasured prefill graph is skipped when a smaller capacity reaches the same endpoint."""
+    if c.timing.known or c.graph.kind is not GraphKind.PREFILL:
+        return False
+    lanes, _ = c.build()
+    p = sel.pop.prompters
+    slot_to_index = {h.slot: i for i, h in enumerate(p.handle)}
+    capacity = c.graph.prefill_capacity
+    reach = max(min(capacity, p.to_endpoint[slot_to_index[lane.handle.slot]]) for lane in lanes)
+    return any(reach <= size < capacity for size in prefill_sizes)
+
+
+def _recency(c: Candidate, sel: Selector) -> int:
+    by_slot = {}
+    for cols in (sel.pop.decoders, sel.pop.prompters):
+        for h, r in zip(cols.handle, cols.recency):
+            by_slot[h.slot] = r
+    lanes, _ = c.build()
+    return max((by_slot[lane.handle.slot] for lane in lanes), default=0)
+
+
+def _add_deferred(scored: Scored, deferred: Sequence[Deferred]) -> None:
+    """Evaluate expensive candidates best bound first, skipping those that cannot win.
+
+    A bound strictly below the best *undominated* candidate in hand cannot win.
+    The comparison is always against the undominated best: a candidate just
+    built may score highest and still be pruned as padding (U12), and a bound
+    compared with it would skip a program that wins once it is pruned.
+    (A skipped shape could in principle have dominated that candidate with the
+    same logical work at a longer measured duration; that corner is accepted.)
+    """
+    leaders = scored.best_undominated()
+    best = leaders[0][0] if leaders else None
+    for d in sorted(deferred, key=lambda d: d.bound, reverse=True):
+        if best is not None and d.bound < best:
+            break
+        c = d.make()
+        if c is not None:
+            scored.add_built(c)
+            leaders = scored.best_undominated()
+            best = leaders[0][0] if leaders else None

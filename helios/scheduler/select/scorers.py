@@ -1,0 +1,199 @@
+"""Scores (U6, U8) and the group scorers of measured rectangular, prefill and mixed programs.
+
+The selection objective of a graph of known duration T is its value rate
+(U6, ``utility.value_rate``): (served value + c*sigma*T) / T minus the
+waiting cost T/2 times the active age price. ``rate`` is the one place
+selection writes that arithmetic out (the same operations in the same order
+as ``value_rate``, without its argument check, for the hot loops); a graph
+whose duration is unknown scores its optimistic work instead (U8, ``score``).
+
+The group scorers read one group's shared rankings (U9) and write every
+member's score to ``Out``: a measured program's score and cohort (the
+ranking it reads, or a ``PromptRow``) go to two flat lists by catalog
+position, anything else as a full entry.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from flare_contract.graphs import GraphDescriptor
+from helios.scheduler.select.rankings import DecodeRanking, PromptRanking, PromptRow, Selector
+from helios.scheduler.select.timing import GraphTiming
+from helios.scheduler.utility import optimistic_work_score
+
+if TYPE_CHECKING:
+    from helios.scheduler.select.catalog import Group
+
+MISSING = -math.inf  # ``Out.scores`` of a graph with no measured candidate (scores are finite)
+
+Cohort = DecodeRanking | PromptRanking | PromptRow
+"""Which lanes a measured program's score stands for (``rankings.py``)."""
+
+
+def rate(value: float, slope: float, t_ms: float, active: float) -> float:
+    """U6: ``value_rate(value + slope * t_ms, t_ms, active)`` for t_ms > 0, with the same floats."""
+    return (value + slope * t_ms) / t_ms - 0.5 * t_ms * active
+
+
+def score(value: float, slope: float, timing: GraphTiming, active: float) -> float:
+    """A cohort's score: its value rate when the duration is known (U6), else its optimistic work (U8)."""
+    if not timing.known:
+        return optimistic_work_score(value)
+    return rate(value, slope, timing.duration_ns / 1e6, active)
+
+
+class Out:
+    """Where the group scorers write a decision's candidates.
+
+    A measured program's score and cohort go to two flat lists indexed by
+    catalog position (no per-program rank tuple: the leader is then found by
+    ``max``, ``count`` and ``index`` over plain floats); anything else -- an
+    unknown duration's entry, a deferred candidate, a ragged or prefix-limit
+    program's own result -- goes to ``entries`` as the full entry it is:
+    ``(rank key, catalog index, payload)``, where the rank key is
+    (unknown duration, score) and the payload a cohort or a built candidate.
+    """
+
+    __slots__ = ("scores", "payloads", "entries")
+
+    def __init__(self, size: int) -> None:
+        self.scores: list[float] = [MISSING] * size
+        self.payloads: list[Cohort | None] = [None] * size  # see ``Cohort``
+        self.entries: dict[int, object] = {}
+
+    def put(self, index: int, known: bool, value: float, payload: "Cohort") -> None:
+        if known:
+            self.scores[index] = value
+            self.payloads[index] = payload
+        else:
+            self.entries[index] = (True, value), index, payload
+
+    def add(self, entry) -> None:
+        if entry is not None:
+            self.entries[entry[1]] = entry
+
+    def entry(self, index: int):
+        """The ``(rank key, index, payload)`` entry of a graph, or None (or a ``Deferred``)."""
+        value = self.scores[index]
+        if value != MISSING:
+            return (False, value), index, self.payloads[index]
+        return self.entries.get(index)
+
+    def all_entries(self) -> list:
+        """Every graph's entry in catalog order (deferred candidates included)."""
+        return [self.entry(index) for index in range(len(self.scores))]
+
+
+def score_rectangular(sel: Selector, group: "Group", graphs, timings, out: Out) -> None:
+    """Rectangular decode and speculative programs of one width: the best B lanes of one ranking (U9).
+
+    The hottest loop of a decision, so it reads the shared prefix sums directly:
+    an unknown duration scores its optimistic work (U8), a known one its value
+    rate (U6).
+    """
+    untimed = sel.decode_ranking(group.source, group.width)
+    n = untimed.size
+    if n == 0:
+        return
+    active = sel.pop.active_age_price
+    prefix, slopes, uniform, durations = untimed.ranked.prefix, untimed.slope_prefix, untimed.uniform_slope, sel.t_ms
+    scores, payloads = out.scores, out.payloads
+    for index, batch in group.batches:
+        t = durations[index]
+        k = batch if batch < n else n
+        if t <= 0.0:
+            out.entries[index] = (True, prefix[k]), index, untimed
+        elif uniform:
+            scores[index] = rate(prefix[k], slopes[k], t, active)
+            payloads[index] = untimed
+        else:
+            timing = timings[index]
+            r = sel.decode_ranking(group.source, group.width, timing)
+            scores[index] = score(r.ranked.prefix[k], r.slope_prefix[k], timing, active)
+            payloads[index] = r
+
+
+def score_prefill(sel: Selector, group: "Group", graphs, timings, out: Out) -> None:
+    """Every prefill program: the best B prompters of its capacity (U13), no age term."""
+    if not sel.pop.prompters.handle:
+        return
+    active, durations = sel.pop.active_age_price, sel.t_ms
+    for index, batch in group.batches:
+        prompts = sel.prompt_ranking(graphs[index].prefill_capacity)
+        ranked = prompts.ranked
+        n = len(ranked.values)
+        k = batch if batch < n else n
+        if k:
+            t = durations[index]
+            if t > 0.0:
+                out.scores[index] = rate(ranked.top() if k == 1 else ranked.prefix[k], 0.0, t, active)
+                out.payloads[index] = prompts
+            else:
+                out.entries[index] = (True, ranked.prefix[k]), index, prompts
+
+
+def score_mixed(sel: Selector, group: "Group", graphs, timings, out: Out) -> None:
+    """Mixed programs of one prompt capacity and width (P7): written out below when every lane
+    shares one age slope (the usual case); otherwise a known duration needs its own ranking."""
+    untimed = sel.decode_ranking(group.source, group.width)
+    prompts = sel.prompt_ranking(group.prefill_capacity)
+    if not untimed.uniform_slope:
+        for index in group.members:
+            out.add(mixed_entry(sel, index, graphs[index], timings[index], untimed, prompts))
+        return
+    ranked = prompts.ranked
+    has_row = len(ranked) > 0 and group.prefill_capacity > 0
+    row_value = ranked.top() if has_row else 0.0
+    # a row worth >= 0 beside the same decoders scores at least as much: x + y >= x for y >= 0 in
+    # floating point too, and every later step of ``rate`` is monotone, so it wins or ties (and wins)
+    row_adds = has_row and row_value >= 0.0
+    with_row = PromptRow(untimed, prompts, ranked.first()) if has_row else None
+    prefix, slopes, n = untimed.ranked.prefix, untimed.slope_prefix, untimed.size
+    active, durations = sel.pop.active_age_price, sel.t_ms
+    scores, payloads = out.scores, out.payloads
+    # Per program, the best prompt row with the best B - 1 decoders, then the decode-only cohort,
+    # which must beat it strictly (on a tie the row wins).
+    for index, batch in group.batches:
+        t = durations[index]
+        known = t > 0.0
+        k = batch if batch < n else n
+        best = None
+        if has_row:
+            k2 = batch - 1 if batch - 1 < n else n
+            value = row_value + prefix[k2]
+            best, cohort = rate(value, slopes[k2], t, active) if known else value, with_row
+        if k and not (row_adds and k2 == k):
+            alone = rate(prefix[k], slopes[k], t, active) if known else prefix[k]
+            if best is None or alone > best:
+                best, cohort = alone, untimed
+        if best is None:
+            continue
+        if known:
+            scores[index] = best
+            payloads[index] = cohort
+        else:
+            out.entries[index] = (True, best), index, cohort
+
+
+def mixed_entry(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming,
+                 untimed: DecodeRanking, prompts: PromptRanking):
+    """``candidates.mixed_candidate`` from rankings already in hand (shared by every mixed graph of one group)."""
+    r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(
+        sel.infos[index].source, sel.infos[index].width, timing)
+    active = sel.pop.active_age_price
+    prefix, slopes, n = r.ranked.prefix, r.slope_prefix, r.size
+    best, row = None, None  # the best score, and its prompt row (None: decoders only)
+    k = min(graph.batch_capacity, n)
+    if k:
+        best = score(prefix[k], slopes[k], timing, active)
+    ranked = prompts.ranked
+    if len(ranked) and graph.prefill_capacity:
+        k2 = min(graph.batch_capacity - 1, n)
+        with_row = score(ranked.top() + prefix[k2], slopes[k2], timing, active)
+        if best is None or with_row >= best:  # on a tie the prompt row wins
+            best, row = with_row, ranked.first()
+    if best is None:
+        return None
+    return (not timing.known, best), index, r if row is None else PromptRow(r, prompts, row)
