@@ -299,7 +299,7 @@ def test_U5_D2_fastest_shapes_follow_every_observation(observations, read_early)
             shapes = table.fastest_shapes(family, timings)
             assert {s.batch_capacity: s.duration_ms for s in shapes} == _fresh_scan(graphs, timings, family)
         measured = token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings) if g.kind in GENERATION_KINDS)
-        assert table.normalizer() == (measured if measured is not None else
+        assert table.normalizer(step) == (measured if measured is not None else
                                       token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings)))
 
 

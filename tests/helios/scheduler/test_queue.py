@@ -65,7 +65,7 @@ def test_A9_overrun_suspends_queueing_without_excluding_the_graph():
     (a, b), fence = decoding(s, 2)
     fence += 1
     commit_next(s, fence)
-    s.advance_to(s._frames[-1].end_ns + 1)  # the queued frame ran past its expected end
+    s.advance_to(s._queue.frames[-1].end_ns + 1)  # the queued frame ran past its expected end
     assert s.plan() is None
     s.complete(fence, [CompletionRecord(a, tokens=(1,)), CompletionRecord(b, tokens=(1,))],
                ExecutionTiming(9 * MS, 9 * MS))
@@ -81,7 +81,7 @@ def test_A10_projection_uses_expected_delivery_and_leaves_history_alone():
     served = plan.lanes[0].handle
     other = b if served == a else a
     real = s.request_view(served).token_rate
-    start = s._frames[-1].end_ns
+    start = s._queue.frames[-1].end_ns
     population = s._population(start, s._timings())
     credit = dict(zip(population.decoders.handle, population.decoders.age_credit))
     price = dict(zip(population.decoders.handle, population.decoders.token_price))
@@ -127,7 +127,7 @@ def test_D5_stale_graph_needs_feedback_and_commit_rechecks_freshness():
     commit_next(s, fence)
     fresh = s.plan()
     assert fresh is not None and not fresh.requires_feedback
-    s.advance_to(s._frames[0].end_ns)
+    s.advance_to(s._queue.frames[0].end_ns)
     s.complete(fence, [CompletionRecord(a, tokens=(1,)), CompletionRecord(b, tokens=(1,))], TIMING)
     # a plan saved while fresh, committed behind queued work after the estimate expired
     queued = s.plan()
