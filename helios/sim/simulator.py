@@ -430,7 +430,7 @@ class Simulation:
             prompt_tokens=spec.prompt_tokens,
             max_tokens=spec.max_tokens,
             context_limit=spec.prompt_tokens + spec.max_tokens,
-            proposal_sources=() if self.speculation == "off" else (spec.proposal_source,),
+            proposal_sources=(spec.proposal_source,),
         )
         try:
             request.handle = self.scheduler.admit(admit)
