@@ -106,6 +106,17 @@ def test_A11_queued_speculative_lane_advances_at_most_its_ceiling():
     assert s.plan() is None
 
 
+def test_A11_a_queued_lane_whose_ceiling_exceeds_P_counts_only_P():
+    A = spec(2, 4, aggregate=3, source=ValueSource.PREFIX_LIMIT)  # ceiling 4 > P = 3
+    s = measured({P64: 4.0, A: 5.0})
+    s.admit(ask(64, 7, sources=("learned",)))
+    Driver(s, {P64: 4.0, A: 5.0}).run(1)  # prefill: one token out, 6 left
+    first = commit_next(s, 10)
+    assert first.lanes[0].ceiling == 4
+    second = commit_next(s, 11)
+    assert second.lanes[0].ceiling == 3  # the first frame commits at most min(4, P) = 3: 3 of room remain
+
+
 def test_D5_unknown_graph_is_discovered_only_with_an_empty_window():
     s = measured({P64: 4.0, D1: 3.0, D2: 3.5}, cold=(D2,))
     (a, b), fence = decoding(s, 2)
