@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 from helios.catalog.load import Catalog, CatalogError, load
-from helios.runtime.engine import SPECULATION_MODES, EngineConfig, HeliosEngine, select_programs
+from helios.runtime.engine import EngineConfig, HeliosEngine, select_programs
 from helios.sim.estimates import estimates_document, write_estimates
-from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
+from helios.scheduler.config import POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
 from helios.runtime.waiting import DEFAULT_MAX_WAITING
 
 log = logging.getLogger("flare.run")

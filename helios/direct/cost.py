@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flare_contract.graphs import CostKey
+from helios.scheduler.cost import Standing
 
 ESTIMATE_TTL_NS = 30_000_000_000  # spec, first section: reverts to unmeasured after 30 s
 KEEP = 7 / 8  # weight of the old estimate in each update
@@ -63,7 +64,14 @@ class MovingAverageCost:
     def _fresh(self, entry: Estimate, now_ns: int) -> bool:
         return now_ns - entry.observed_ns < self.ttl_ns
 
-    # -- what the Helios core asks of its cost model at commit and in traces --
+    # -- what the Helios core asks of its cost model (``helios.scheduler.cost.DurationModel``) --
+
+    def standing(self, key: CostKey, now_ns: int) -> Standing:
+        """The estimate now, always fresh (nothing is stale-but-usable here), until it reverts."""
+        entry = self._entries.get(key)
+        if entry is None or not self._fresh(entry, now_ns):
+            return Standing(0, True, None)
+        return Standing(max(1, round(entry.average_ns)), True, entry.observed_ns + self.ttl_ns)
 
     def requires_feedback(self, key: CostKey, now_ns: int) -> bool:
         return self.estimate_ns(key, now_ns) == 0

@@ -1,21 +1,23 @@
-"""The direct engine: Helios's engine loop and executor with the direct scheduler in its place.
+"""The direct engine: Helios's engine loop and executor, driving the direct scheduler.
 
 ``HeliosEngine`` owns the control thread, the device worker, pages,
-detokenization and publication; the only thing it asks of its scheduler is
-the ``helios.scheduler.Scheduler`` interface, which ``DirectScheduler`` keeps.
-So this engine swaps the scheduler right after construction instead of
-running a second loop: the HTTP layer, executor and page handling are the
-production ones, and only selection and cost estimates differ.
+detokenization and publication, and builds its scheduler through the factory
+it is given; this engine hands it one that builds a ``DirectScheduler`` and
+returns its core. So the HTTP layer, executor and page handling are the
+production ones, and only selection and cost estimates differ. ``/debug/state``
+reads the engine's public ``state_snapshot``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from flare_contract.graphs import GraphDescriptor
 from helios.catalog.load import Catalog
-from helios.direct.scheduler import Decision, DirectScheduler
+from helios.direct.scheduler import DirectScheduler, LoggedDecision
 from helios.runtime.engine import EngineConfig, HeliosEngine
 from helios.runtime.executor import Program
+from helios.scheduler import Scheduler
 
 
 class DirectEngine(HeliosEngine):
@@ -23,29 +25,34 @@ class DirectEngine(HeliosEngine):
 
     def __init__(self, catalog: Catalog, config: EngineConfig = EngineConfig(),
                  program_for: Callable[[str], Program] | None = None,
-                 on_decision: Callable[[Decision], None] | None = None) -> None:
-        super().__init__(catalog, config, program_for)
-        production = self.scheduler  # never planned with: replaced before the threads start
-        self.scheduler = DirectScheduler(production.graphs, request_slots=production.request_slots,
-                                         policy=config.policy, speculation=production.speculation,
-                                         on_decision=on_decision)
+                 on_decision: Callable[[LoggedDecision], None] | None = None) -> None:
+        built: list[DirectScheduler] = []
+
+        def make_scheduler(graphs: Sequence[GraphDescriptor], **options) -> Scheduler:
+            built.append(DirectScheduler(graphs, on_decision=on_decision, **options))
+            return built[-1].scheduler
+
+        super().__init__(catalog, config, program_for, make_scheduler)
+        self.direct = built[0]
 
     def debug_state(self) -> dict:
         """Programs (estimate and age), requests (phase and counters), the last decisions with scores."""
-        with self._lock:  # the control thread holds it while it plans, commits and completes
-            s = self.scheduler
-            now = s.now_ns
-            return {
-                "now_ns": now,
-                "queued_fences": list(s.queued_fences),
-                "waiting_requests": len(self._waiting),
-                "programs": s.programs_state(),
-                "requests": s.requests_state(),
-                "decisions": [_decision_json(d, now) for d in s.decisions],
-            }
+        state = self.state_snapshot(self._direct_state)
+        programs, decisions = state.detail
+        return {
+            "now_ns": state.now_ns,
+            "queued_fences": list(state.queued_fences),
+            "waiting_requests": state.waiting_requests,
+            "programs": programs,
+            "requests": self.direct.requests_state(state.requests),
+            "decisions": [_decision_json(d, state.now_ns) for d in decisions],
+        }
+
+    def _direct_state(self) -> tuple[list[dict], list[LoggedDecision]]:
+        return self.direct.programs_state(), list(self.direct.decisions)
 
 
-def _decision_json(d: Decision, now_ns: int) -> dict:
+def _decision_json(d: LoggedDecision, now_ns: int) -> dict:
     return {
         "ago_ms": (now_ns - d.at_ns) / 1e6,
         "program": d.program,
@@ -56,3 +63,4 @@ def _decision_json(d: Decision, now_ns: int) -> dict:
         "runners_up": [{"program": r.program, "score": r.score, "measured": r.measured, "padding": r.padding}
                        for r in d.runners_up],
     }
+

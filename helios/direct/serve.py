@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from helios.catalog.load import load
 from helios.direct.engine import DirectEngine
-from helios.direct.scheduler import Decision
+from helios.direct.scheduler import LoggedDecision
 from helios.runtime.engine import EngineConfig
 from helios.launch import bind_listener
 from helios.server.app import ServerConfig, create_app
@@ -79,7 +79,7 @@ def prepare_engine(options: DebugServeOptions) -> DirectEngine:
     return engine
 
 
-def _log_decision(decision: Decision) -> None:
+def _log_decision(decision: LoggedDecision) -> None:
     log.info("decision %s", decision.line())
 
 

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -61,14 +62,15 @@ from helios.runtime.executor import (
 )
 from helios.runtime.pages import PageAllocator, PageLayout
 from helios.scheduler import Scheduler
-from helios.scheduler.config import PolicyConfig
-from helios.scheduler.core import lane_output_bound
+from helios.scheduler.config import SPECULATION_MODES, PolicyConfig
+from helios.scheduler.core import RequestView
 from helios.scheduler.types import (
     AdmitRequest,
     ExecutionTiming,
     GeneratedToken,
     LanePhase,
     PlannedLane,
+    Fence,
     RequestHandle,
     ScheduledPlan,
 )
@@ -77,7 +79,6 @@ from helios.runtime.waiting import DEFAULT_MAX_WAITING, RETRY_AFTER_S, WaitingLi
 
 log = logging.getLogger(__name__)
 
-SPECULATION_MODES = ("off", "fixed", "adaptive")
 EOS_SPELLINGS = ("<|im_end|>", "<|endoftext|>")
 LOOKUP_NGRAMS = (3, 2, 1)  # prompt lookup tries the longest suffix first
 CANCELLED = object()  # ends a cancelled request's delta iterator without a finish reason
@@ -181,13 +182,7 @@ class Live:
     handle: RequestHandle | None = None
     output: list[int] = field(default_factory=list)  # committed output tokens
     unreported: list[int] = field(default_factory=list)  # token ids not yet carried by a delta
-    inflight: int = 0  # submitted frames naming it
-    queued_bound: int = 0  # most output tokens those frames may still commit (A11)
     done: bool = False  # its last delta (or failure) was delivered
-
-    @property
-    def positions_claimed(self) -> int:
-        return len(self.request.prompt_token_ids) + self.request.max_tokens
 
     def history(self) -> list[int]:
         return [*self.request.prompt_token_ids, *self.output]
@@ -268,6 +263,21 @@ class _Counters:
     device_ns: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """The engine's scheduling state at one instant, read consistently with the control thread."""
+
+    now_ns: int  # the scheduler's clock
+    queued_fences: tuple[Fence, ...]  # submitted frames not yet completed, oldest first
+    waiting_requests: int  # requests without a slot (the control thread has seen them)
+    requests: tuple[RequestView, ...]  # every request holding a slot (``Scheduler.requests``)
+    detail: Any = None  # what ``state_snapshot``'s ``read`` returned, under the same lock
+
+
+SchedulerFactory = Callable[..., Scheduler]
+"""Builds the engine's scheduler: called like ``Scheduler(graphs, request_slots=, policy=, speculation=)``."""
+
+
 # ---------------------------------------------------------------------------
 # The engine
 # ---------------------------------------------------------------------------
@@ -277,7 +287,8 @@ class HeliosEngine:
     """Serves one catalog (implements ``helios.runtime.engine_api.Engine``)."""
 
     def __init__(self, catalog: Catalog, config: EngineConfig = EngineConfig(),
-                 program_for: Callable[[str], Program] | None = None) -> None:
+                 program_for: Callable[[str], Program] | None = None,
+                 make_scheduler: SchedulerFactory = Scheduler) -> None:
         if config.threads is not None:
             torch.set_num_threads(config.threads)  # intra-op threads of every program call
         self.catalog = catalog
@@ -292,8 +303,8 @@ class HeliosEngine:
         graphs = self._graphs()
         self._max_width = max((g.width for g in graphs), default=1)
         self.context_length = _context_length(catalog, graphs, self.pages.layout)
-        self.scheduler = Scheduler(graphs, request_slots=layout["request_slots"], policy=config.policy,
-                                   speculation="fixed" if config.speculation == "off" else config.speculation)
+        self.scheduler = make_scheduler(graphs, request_slots=layout["request_slots"], policy=config.policy,
+                                        speculation=config.speculation)
         self._sources = tuple(sorted({g.proposal_source for g in graphs if g.draws_proposals}))
         state = catalog.allocate_state(config.device)
         self.executor = Executor(state, program_for or catalog.program, self._eos, config.device)
@@ -320,8 +331,19 @@ class HeliosEngine:
     def learned_durations(self) -> dict[str, int]:
         """Program id -> the scheduler's current duration estimate (ns), for programs it has measured."""
         with self._lock:
-            estimates = {g.id: self.scheduler.cost.estimate_ns(g.cost_key()) for g in self.scheduler.graphs}
+            estimates = self.scheduler.duration_estimates()
         return {graph_id: ns for graph_id, ns in estimates.items() if ns > 0}
+
+    def state_snapshot(self, read: Callable[[], Any] | None = None) -> EngineState:
+        """The scheduling state (``/debug/state``), taken while the control thread is between steps.
+
+        ``read``, when given, runs under the same lock and its result is the snapshot's ``detail``:
+        anything else the control thread changes (a scheduler's own decision log, say) read consistently.
+        """
+        with self._lock:
+            s = self.scheduler
+            return EngineState(s.now_ns, s.queued_fences, len(self._waiting), s.requests(),
+                               None if read is None else read())
 
     # -- lifecycle (event loop) ----------------------------------------------
 
@@ -386,10 +408,15 @@ class HeliosEngine:
         if prompt >= self.context_length:
             raise RequestRejected(f"the prompt has {prompt} tokens but the context holds {self.context_length} "
                                   "including at least one output token", "prompt")
-        claim = self.pages.claim_size(prompt + request.max_tokens + self._max_width)
+        claim = self.pages.claim_size(self._claimed_positions(request))
         if claim > self.pages.layout.num_pages:
             raise RequestRejected(f"the request needs {claim} KV pages but the cache has "
                                   f"{self.pages.layout.num_pages}; lower max_tokens", "max_tokens")
+
+    def _claimed_positions(self, request: GenerationRequest) -> int:
+        """Cache positions a request claims at admission: prompt, every output token it may ask for, and
+        the widest round's rows beyond them (a verification round writes K/V past the last kept token)."""
+        return len(request.prompt_token_ids) + request.max_tokens + self._max_width
 
     async def _relay(self, request_id: str, deltas: asyncio.Queue) -> AsyncIterator[TextDelta]:
         finished = False
@@ -519,7 +546,7 @@ class HeliosEngine:
         self._release_if_idle(live)
 
     def _release_if_idle(self, live: Live) -> None:
-        if live.done and live.inflight == 0 and self._by_slot.get(live.handle.slot) is live:
+        if live.done and self.scheduler.inflight(live.handle) == 0 and self._by_slot.get(live.handle.slot) is live:
             del self._by_slot[live.handle.slot]
             self._by_id.pop(live.request.request_id, None)
             self.pages.release(live.handle.slot)
@@ -537,7 +564,7 @@ class HeliosEngine:
         """FIFO admission while a slot and a page claim are free (waiting, never a crash)."""
         while self._waiting and len(self._by_slot) < self.scheduler.request_slots:
             live = self._waiting[0]
-            positions = live.positions_claimed + self._max_width
+            positions = self._claimed_positions(live.request)
             if not self.pages.can_claim(positions):
                 return
             self._waiting.popleft()
@@ -571,10 +598,6 @@ class HeliosEngine:
             self._fail_frame(plan, error, "preparing")
             return
         self._fence += 1
-        for lane in plan.lanes:
-            live = self._by_slot[lane.handle.slot]
-            live.inflight += 1
-            live.queued_bound += lane_output_bound(lane, plan.graph)
         self._counters.queued_commits += queued_behind
         self._work.put((self._fence, frame, time.monotonic_ns()))
 
@@ -606,7 +629,7 @@ class HeliosEngine:
         """
         if lane.phase is LanePhase.PROMPT:
             return lane.prompt_start + lane.prompt_tokens
-        written = len(live.request.prompt_token_ids) + len(live.output) + live.queued_bound
+        written = len(live.request.prompt_token_ids) + len(live.output) + self.scheduler.queued_output(live.handle)
         return written + max(lane.query_length, lane.ceiling, plan.graph.proposal_depth + 1)
 
     # -- completion and publication (control thread) ---------------------------
@@ -626,10 +649,6 @@ class HeliosEngine:
             records, timing = (), _unmeasured(event.dispatched_ns)
             generated = self._retire_fence(event.fence, plan, timing)
         self._count(plan, records, timing)
-        for lane in plan.lanes:
-            live = self._by_slot[lane.handle.slot]
-            live.inflight -= 1
-            live.queued_bound -= lane_output_bound(lane, plan.graph)
         for token in generated:
             self._publish_or_fail(self._by_slot[token.handle.slot], token)
         for lane in plan.lanes:

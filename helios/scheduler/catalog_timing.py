@@ -1,10 +1,12 @@
 """Every graph's duration knowledge as selection reads it, kept current instead of rebuilt per plan.
 
-``CostModel`` answers per physical program (D1-D3, D5). Selection wants one
+The cost model (``CostModel``, or any ``cost.DurationModel``) answers per
+physical program (D1-D3, D5), and says until when each answer holds. Selection wants one
 ``GraphTiming`` per catalog graph on every plan, and the token normalizer the
 best measured token rate of the catalog. Both change only when an estimate
-changes (an observation of one physical program) or when a measured estimate
-turns stale as the clock passes its last observation plus ``ttl_ns`` (D2). So
+changes (an observation of one physical program) or when the clock passes the
+time its standing holds until (for ``CostModel``, a measured estimate turning
+stale at its last observation plus ``ttl_ns``, D2). So
 the table is updated on exactly those events: an observation refreshes the
 graphs sharing that cost key, and the clock passing the earliest staleness
 time refreshes the freshness of all. The lists it hands out are never mutated
@@ -23,15 +25,15 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor
-from helios.scheduler.cost import CostModel
-from helios.scheduler.select.timing import GraphTiming, durations_ms
+from helios.scheduler.cost import DurationModel
+from helios.scheduler.select.timing import durations_ms, GraphTiming
 from helios.scheduler.service import DeliveryFamily, ShapeTiming, token_normalizer
 
 
 class CatalogTiming:
-    """``GraphTiming`` per graph and the token normalizer, for one catalog over one ``CostModel``."""
+    """``GraphTiming`` per graph and the token normalizer, for one catalog over one cost model."""
 
-    def __init__(self, graphs: Sequence[GraphDescriptor], cost: CostModel) -> None:
+    def __init__(self, graphs: Sequence[GraphDescriptor], cost: DurationModel) -> None:
         self._cost = cost
         self._keys = tuple(g.cost_key() for g in graphs)
         self._by_key: dict[CostKey, list[int]] = {}
@@ -58,15 +60,17 @@ class CatalogTiming:
         return self._timings
 
     def durations_ms(self, timings: Sequence[GraphTiming]) -> list[float]:
-        """``policy.durations_ms(timings)``, kept with this table's own list while it stands."""
+        """``select.timing.durations_ms(timings)``, kept with this table's own list while it stands."""
         if timings is not self._timings:
             return durations_ms(timings)
         if self._durations is None:
             self._durations = durations_ms(timings)
         return self._durations
 
-    def normalizer(self) -> float | None:
-        """Best measured token rate of the generation programs, else of the whole catalog (tokens/ms)."""
+    def normalizer(self, now_ns: int) -> float | None:
+        """Best measured token rate of the generation programs, else of the whole catalog (tokens/ms),
+        at ``now_ns`` (an estimate that lapses with time, as the direct scheduler's do, lapses here too)."""
+        self.at(now_ns)
         return self._normalizer
 
     def observed(self, key: CostKey, now_ns: int) -> None:
@@ -111,16 +115,15 @@ class CatalogTiming:
         return found.shapes
 
     def _timing(self, key: CostKey, now_ns: int) -> GraphTiming:
-        cost = self._cost
-        fresh = not cost.is_stale(key, now_ns)
-        observed = cost.last_observation_ns(key)
-        if fresh and observed is not None:
-            stale_at = self._stale_at[key] = observed + cost.ttl_ns
+        standing = self._cost.standing(key, now_ns)
+        stale_at = standing.until_ns
+        if stale_at is not None:
+            self._stale_at[key] = stale_at
             if self._stale_bound is None or stale_at < self._stale_bound:
                 self._stale_bound = stale_at
         else:
             self._stale_at.pop(key, None)
-        return GraphTiming(cost.estimate_ns(key), fresh)
+        return GraphTiming(standing.estimate_ns, standing.fresh)
 
     def _best_rate(self) -> float | None:
         """The normalizer as the core defines it: generation programs first, the whole catalog as fallback."""

@@ -11,6 +11,12 @@ from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
 
+# The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
+# execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
+# probes acceptance (D8); ``adaptive`` picks widths and sources per lane and may probe. One tuple for
+# the scheduler, the engine (``flare run --speculation``) and simulator traces.
+SPECULATION_MODES = ("off", "fixed", "adaptive")
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:

@@ -1,4 +1,4 @@
-"""The Scheduler: request state, the two-frame execution queue, commit and completion.
+"""The Scheduler: request state, admission, commit, completion and publication accounting.
 
 API additions beyond DESIGN.md (additive; nothing renamed or removed):
 - ``Scheduler.observe_duration(graph_id_or_key, device_ns)`` feeds one device
@@ -15,9 +15,20 @@ API additions beyond DESIGN.md (additive; nothing renamed or removed):
   way. Both are validated before any lane is applied (A2); confidence rows
   feed the request's forecast and the population prior (S7), survival rows
   replace binary acceptance observations (S10).
-- ``Scheduler(..., speculation="adaptive" | "fixed")``: fixed-width execution
-  never runs acceptance probes (D8). ``execution_counters()`` gives D9's
-  executions and nanoseconds per selection reason.
+- ``Scheduler(..., speculation="off" | "fixed" | "adaptive")``
+  (``config.SPECULATION_MODES``): fixed-width execution never runs acceptance
+  probes (D8); ``off`` neither, and refuses programs that draw proposals.
+  ``execution_counters()`` gives D9's executions and nanoseconds per
+  selection reason.
+- ``Scheduler(..., cost=, selector=)``: the duration model
+  (``cost.DurationModel``, default ``CostModel``) and the choice of each plan
+  (``selector.Selector``, default ``HeliosSelector``) are injected; the
+  timing table (``CatalogTiming``) always runs over the cost model in use.
+- ``requests()``, ``inflight(h)``, ``queued_output(h)``,
+  ``duration_estimates()`` and ``selection_inputs()`` are read-only views for
+  the engine, the debug server and tests (the engine mirrors none of it).
+- ``acceptance_prior`` is S7's population prior (not the columnar population
+  snapshot a plan selects on).
 
 Funded exploration (docs/exploration.md, last section): ordinary completions earn
 credit; with full credit and an empty queue, ``plan`` may replace its measured
@@ -26,6 +37,11 @@ winner by a stale alternative (timing refresh) or an acceptance probe
 is idle, and positive credit lapses, when a completion or a cancellation
 leaves the frame queue empty with no runnable request (time alone never
 changes that, so ``advance_to`` need not check).
+
+The execution queue (two frame slots, the feedback gate, the projection to the
+queue's end: A6-A11) is ``queue.FrameQueue``; this module asks it whether a
+plan may be queued, where the next plan starts, and what each request's
+service will be when the queue drains.
 
 Life of a request: ``admit`` gives a slot and a generation; while prompt is
 left it competes as a prompter; a completion that consumes the last prompt
@@ -43,21 +59,20 @@ from operator import attrgetter
 from typing import Sequence
 
 from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor, GraphKind
-from helios.scheduler.select.catalog import describe
-from helios.scheduler.select.leader import select
 from helios.scheduler.select.population import MAX_REQUEST_SLOTS, Decoders, Population, Prompters, cumulative_gains
 from helios.scheduler.select.timing import GraphTiming
-from helios.scheduler import rounds
+from helios.scheduler import queue as fq
 from helios.scheduler.catalog_timing import CatalogTiming
-from helios.scheduler.config import PolicyConfig
-from helios.scheduler.cost import CostModel
-from helios.scheduler.explore import Decision, Explorer, ProbeSubject
+from helios.scheduler.config import SPECULATION_MODES, PolicyConfig
+from helios.scheduler.cost import CostModel, DurationModel
+from helios.scheduler.explore import Decision, ProbeSubject
+from helios.scheduler.queue import FrameQueue, lane_output_bound
 from helios.scheduler.refresh import EXPLORATION_REASONS, ExplorationAccounts, ReasonTotals
+from helios.scheduler.selector import HeliosSelector, Selector
 from helios.scheduler.service import (
     DeliveryFamily,
     MIN_RATE_PER_MS,
     ServiceHistory,
-    decay_factor,
     fair_token_rate,
     reference_interval_ms,
 )
@@ -82,9 +97,7 @@ from helios.scheduler.types import (
     SelectionReason,
 )
 
-FRAME_SLOTS = 2  # A7: the transport holds two frames
 PROPOSAL_SOURCES = ("learned", "copy")
-SPECULATION_MODES = ("adaptive", "fixed")  # fixed: widths never adapt, so acceptance is never probed (D8)
 
 
 # ---------------------------------------------------------------------------
@@ -104,7 +117,7 @@ class RequestState:
     output_cap: int  # most output tokens the request may ever commit: min(max_tokens, context - prompt)
     produced: int = 0  # committed output tokens
     survival: dict[str, tuple[float, ...]] = field(default_factory=dict)  # selection means per source
-    gains: dict[str, list[float]] = field(default_factory=dict)  # policy.cumulative_gains of each, kept with it
+    gains: dict[str, list[float]] = field(default_factory=dict)  # select.population.cumulative_gains of each, kept with it
     # per source: (means, weights) of its estimates at depths 1..max (``PrefixSurvival.means_and_weights``)
     estimates: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
     last_output_ns: int | None = None  # last visible publication (output age)
@@ -142,72 +155,28 @@ class RequestState:
 
 @dataclass(frozen=True, slots=True)
 class RequestView:
-    """Read-only numbers about one request (for drivers and tests)."""
+    """Read-only numbers about one request (for drivers, tests and ``/debug/state``)."""
 
     phase: LanePhase
     prompt_done: int
     produced: int
     token_rate: float
     delivery_rate: float | None
-    inflight: int
-
-
-# ---------------------------------------------------------------------------
-# Submitted frames
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """A committed plan awaiting completion, with what accounting needs (A1, A10)."""
-
-    fence: Fence
-    plan: ScheduledPlan
-    participants: tuple[RequestHandle, ...]
-    normalizer: float | None
-    end_ns: int  # expected end: planning start of the next frame (A9)
-    queued: bool  # committed behind another frame: its service interval is the device one (A3)
-    members: frozenset[RequestHandle] = frozenset()  # the participants, for membership tests
-    lanes_by_handle: dict[RequestHandle, PlannedLane] = field(default_factory=dict)
-    # A10 queue projection, frozen at commit: the frame's decay factor, shared by all, and per
-    # participant (zero service for those without a lane) the parts of ``service.blend`` over
-    # this frame that do not depend on the rate: ((1 - decay) * tokens / duration, the same for
-    # deliveries, the first-burst delivery rate of A5, whether it delivers). Keyed by the
-    # participant's ``RequestState.key``: every decision's snapshot looks each request up, and
-    # a handle's generated hash is a Python call where a tuple of two ints hashes in C.
-    decay: float = 1.0
-    terms: dict[tuple[int, int], tuple[float, float, float, bool]] = field(default_factory=dict)
+    inflight: int  # submitted, uncompleted frames with a lane for it
+    handle: RequestHandle
+    prompt_tokens: int
+    max_tokens: int
+    queued_output: int  # A11: most output tokens those frames may still commit
+    cancelled: bool
+    finished: bool
 
     @classmethod
-    def submitted(cls, fence, plan, states, normalizer, end_ns, queued, adaptation_ms) -> "Frame":
-        """The frame of ``plan``, whose participants are the live requests ``states``."""
-        participants = tuple(state.handle for state in states)
-        lanes = {lane.handle: lane for lane in plan.lanes}
-        duration_ms = max(plan.estimated_duration_ns, 1) / 1e6
-        decay = decay_factor(duration_ms, adaptation_ms)
-        rest = 1.0 - decay
-        terms = dict.fromkeys((state.key for state in states), (0.0, 0.0, 0.0, False))
-        for state in states:
-            lane = lanes.get(state.handle)
-            if lane is not None:
-                tokens = lane.expected_tokens + lane.prompt_tokens
-                deliveries = 1.0 if lane.phase is LanePhase.DECODE else 0.0
-                terms[state.key] = (rest * tokens / duration_ms, rest * deliveries / duration_ms,
-                                deliveries / duration_ms, deliveries > 0)
-        return cls(fence, plan, participants, normalizer, end_ns, queued, frozenset(participants), lanes,
-                   decay, terms)
+    def of(cls, s: RequestState) -> "RequestView":
+        return cls(s.phase, s.prompt_done, s.produced, s.service.token_rate, s.service.delivery_rate, s.inflight,
+                   s.handle, s.request.prompt_tokens, s.request.max_tokens, s.queued_output, s.cancelled, s.finished)
 
 
 _RECENCY = attrgetter("last_selected_ns")  # least recently selected first (U8 tie order)
-
-
-def lane_output_bound(lane: PlannedLane, graph: GraphDescriptor) -> int:
-    """Most output tokens a lane may commit (A11 for prefix-limit rows)."""
-    if lane.phase is LanePhase.PROMPT:
-        return 1 if lane.finishes_prompt else 0
-    if lane.ceiling:
-        return rounds.queued_advance(lane.ceiling, graph)
-    return lane.query_length
 
 
 # ---------------------------------------------------------------------------
@@ -225,36 +194,34 @@ class Scheduler:
         request_slots: int,
         policy: PolicyConfig | None = None,
         speculation: str = "adaptive",
+        cost: DurationModel | None = None,
+        selector: Selector | None = None,
     ) -> None:
-        if speculation not in SPECULATION_MODES:
-            raise ValueError(f"speculation must be one of {SPECULATION_MODES}, got {speculation!r}")
-        if not 1 <= request_slots <= MAX_REQUEST_SLOTS:
-            raise ValueError(f"request_slots must be in 1..{MAX_REQUEST_SLOTS} (U11), got {request_slots}")
-        ids = [g.id for g in graphs]
-        if len(set(ids)) != len(ids):
-            raise ValueError("graph ids must be unique in one catalog")
+        """``cost``: the duration model (default ``CostModel`` at the policy's TTL); ``selector``: the
+        choice of each plan (default ``HeliosSelector``, which needs a ``CostModel``)."""
+        _check_catalog(graphs, request_slots, speculation)
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
         self._cost_keys = {g.id: g.cost_key() for g in self.graphs}  # built once: every plan's trace reads one
-        self._infos = describe(self.graphs)
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
-        self.cost = CostModel(self.policy.estimate_ttl_ns)
+        self.cost: DurationModel = cost if cost is not None else CostModel(self.policy.estimate_ttl_ns)
         self._timing = CatalogTiming(self.graphs, self.cost)  # per-graph timings and normalizer, kept current
         # the last reference intervals (U5): (timing list, decoders per family, sigma per family)
         self._sigmas: tuple[Sequence[GraphTiming], dict, dict] | None = None
         self.now_ns = 0
         self._slots: list[RequestState | None] = [None] * request_slots
         self._generation = 0
-        self._frames: list[Frame] = []
+        self._queue = FrameQueue()
         self._last_fence: Fence | None = None
         self._max_depth = max((g.proposal_depth for g in self.graphs), default=0)
         self._admitted_any = False
         self.speculation = speculation
         self.exploration = ExplorationAccounts()  # D6-D9: both ledgers and the per-reason counters
-        self.population = PopulationPrior()  # S7: where every confidence forecast starts
+        self.acceptance_prior = PopulationPrior()  # S7: where every confidence forecast starts
         self.proposal_draws = ProposalDraws()  # S12
-        self._explorer = self._make_explorer()
+        self.selector: Selector = selector if selector is not None else HeliosSelector(
+            self.graphs, self._timing, self.cost, self.policy, fixed_width=speculation != "adaptive")
 
     # -- configuration and clock -------------------------------------------
 
@@ -264,11 +231,7 @@ class Scheduler:
         self.policy = policy
         self.cost.ttl_ns = policy.estimate_ttl_ns
         self._timing.reset(self.now_ns)
-        self._explorer = self._make_explorer()
-
-    def _make_explorer(self) -> Explorer:
-        return Explorer(self.graphs, self._infos, max_depth=self._max_depth,
-                        alpha=self.policy.adaptive_verification_alpha, fixed_width=self.speculation == "fixed")
+        self.selector.configure(policy)
 
     def execution_counters(self) -> dict[str, ReasonTotals]:
         """D9: executions and physical nanoseconds per selection reason (metric label spelling)."""
@@ -282,6 +245,10 @@ class Scheduler:
     def observe_duration(self, graph: str | CostKey | GraphDescriptor, device_ns: int) -> None:
         """One device interval through the normal cost path (e.g. a measured catalog at t=0)."""
         self._observe_cost(self._cost_key(graph), device_ns, 0)
+
+    def duration_estimates(self) -> dict[str, int]:
+        """Graph id -> the current duration estimate in ns (0: unmeasured), as selection reads it now."""
+        return {g.id: t.duration_ns for g, t in zip(self.graphs, self._timing.at(self.now_ns))}
 
     def _cost_key(self, graph: str | CostKey | GraphDescriptor) -> CostKey:
         if isinstance(graph, CostKey):
@@ -343,12 +310,30 @@ class Scheduler:
         return self._state(handle).acceptance
 
     def request_view(self, handle: RequestHandle) -> RequestView:
-        s = self._state(handle)
-        return RequestView(s.phase, s.prompt_done, s.produced, s.service.token_rate, s.service.delivery_rate, s.inflight)
+        return RequestView.of(self._state(handle))
+
+    def requests(self) -> tuple[RequestView, ...]:
+        """Every request holding a slot, in slot order, cancelled and finished ones included (A6)."""
+        return tuple(RequestView.of(s) for s in self._slots if s is not None)
+
+    def inflight(self, handle: RequestHandle) -> int:
+        """Submitted, uncompleted frames with a lane for ``handle``; 0 once it left its slot."""
+        state = self._lookup(handle)
+        return 0 if state is None else state.inflight
+
+    def queued_output(self, handle: RequestHandle) -> int:
+        """A11: most output tokens ``handle``'s queued frames may still commit; 0 once it left its slot."""
+        state = self._lookup(handle)
+        return 0 if state is None else state.queued_output
 
     @property
     def queued_fences(self) -> tuple[Fence, ...]:
-        return tuple(f.fence for f in self._frames)
+        return self._queue.fences
+
+    def selection_inputs(self) -> tuple[list[GraphTiming], Population]:
+        """What the next decision is made on: every graph's timing, and the population projected to the
+        queue's end (A8, A10). Reading it changes nothing a decision depends on."""
+        return self._snapshot()
 
     def _lookup(self, handle: RequestHandle) -> RequestState | None:
         if not 0 <= handle.slot < self.request_slots:
@@ -396,26 +381,26 @@ class Scheduler:
 
     def plan(self) -> ScheduledPlan | None:
         """The best plan if it may be committed now; None otherwise (A7-A9)."""
-        if not self._queue_accepts_more():
+        if not self._queue.accepts_more(self.now_ns):
             return None
         timings, population = self._snapshot()
-        choice = select(self.graphs, timings, population, self._infos, self._timing.durations_ms(timings))
+        choice = self.selector.select(timings, population)
         if choice is None:
             return None
         log_scale = choice.log_scale  # the decision's common scaling (U7), kept for a funded replacement
         decision = Decision(choice, timings, population, self.now_ns)
         reason, feedback = choice.reason, choice.requires_feedback
-        if self._frames:
+        if self._queue:
             # A8: behind queued work, a funded plan would wait for the empty window
             # like any plan needing feedback, so only whether one is due matters;
-            # when none is, ``choose`` would fund nothing either, so it is not asked
-            if feedback or self._explorer.would_fund(decision, self.exploration, self.cost, self._probe_subject):
+            # when none is, ``fund`` would fund nothing either, so it is not asked
+            if feedback or self.selector.would_fund(decision, self.exploration, self._probe_subject):
                 return None
         else:
-            funded = self._explorer.choose(decision, self.exploration, self.cost, self._probe_subject)
+            funded = self.selector.fund(decision, self.exploration, self._probe_subject)
             if funded is not None:
                 choice, reason, feedback = funded.choice, funded.reason, True
-        return ScheduledPlan(
+        plan = ScheduledPlan(
             graph=choice.graph,
             lanes=choice.lanes,
             reason=reason,
@@ -426,6 +411,8 @@ class Scheduler:
             requires_feedback=feedback,
             trace=self._plan_trace(choice.graph, choice.timing.duration_ns, reason),
         )
+        self.selector.planned(plan, self.now_ns)
+        return plan
 
     def _probe_subject(self, handle: RequestHandle) -> ProbeSubject:
         """A decode lane's request as probes see it; reading creates no estimates."""
@@ -447,15 +434,6 @@ class Scheduler:
             accounts.timing.balance_ns, accounts.learning.balance_ns,
         )
 
-    def _queue_accepts_more(self) -> bool:
-        if len(self._frames) >= FRAME_SLOTS:
-            return False
-        if not self._frames:
-            return True
-        last = self._frames[-1]
-        # A9: an overrun suspends queueing until completion feedback arrives
-        return not last.plan.requires_feedback and self.now_ns <= last.end_ns
-
     def _timings(self) -> list[GraphTiming]:
         """Duration knowledge per graph (kept current by ``CatalogTiming``)."""
         return self._timing.at(self.now_ns)
@@ -464,14 +442,10 @@ class Scheduler:
         self.cost.observe(key, device_ns, readiness_ns, self.now_ns)
         self._timing.observed(key, self.now_ns)
 
-    def _queue_end_ns(self) -> int:
-        """When queued work is expected to finish: where the next plan starts (A10)."""
-        return max(self.now_ns, self._frames[-1].end_ns) if self._frames else self.now_ns
-
     def _snapshot(self) -> tuple[list[GraphTiming], Population]:
         """The timings and the population a decision is made on, projected to the queue's end."""
         timings = self._timings()
-        return timings, self._population(self._queue_end_ns(), timings)
+        return timings, self._population(self._queue.end_ns(self.now_ns), timings)
 
     def _population(self, start_ns: int, timings: Sequence[GraphTiming]) -> Population:
         """Columnar snapshot with prices and ages projected to ``start_ns`` (A10).
@@ -501,38 +475,8 @@ class Scheduler:
         sigmas = self._reference_intervals(counts, timings)
         policy = self.policy
         c, beta, f, g = policy.decode_age_price, policy.output_token_value, policy.token_fairness, policy.delivery_fairness
-        frames = [(frame.terms, frame.decay, frame.end_ns) for frame in self._frames]
-        # each column in one comprehension; only the queue projection needs a loop per decoder
-        if frames:
-            rates, deliveries, references = [], [], []
-            add_rate, add_delivery, add_reference = rates.append, deliveries.append, references.append
-            for s in states:
-                service = s.service
-                x, z, delivered_ns = service.token_rate, service.delivery_rate, None
-                for terms, decay, end_ns in frames:
-                    served = terms.get(s.key)
-                    if served is None:
-                        continue
-                    token_term, delivery_term, first_rate, delivers = served
-                    x = decay * x + token_term
-                    if x < MIN_RATE_PER_MS:
-                        x = MIN_RATE_PER_MS
-                    if z is not None:
-                        z = decay * z + delivery_term
-                        if z < MIN_RATE_PER_MS:
-                            z = MIN_RATE_PER_MS
-                    elif delivers:
-                        z = first_rate
-                    if delivers:
-                        delivered_ns = end_ns
-                add_rate(x)
-                add_delivery(z)
-                add_reference(delivered_ns or s.last_output_ns or s.decoder_since_ns or s.admitted_ns)
-        else:
-            services = [s.service for s in states]
-            rates = [service.token_rate for service in services]
-            deliveries = [service.delivery_rate for service in services]
-            references = [s.last_output_ns or s.decoder_since_ns or s.admitted_ns for s in states]
+        projected = self._queue.project(states)  # A10: rates and age references at the queue's end
+        rates, deliveries, references = projected.token_rates, projected.delivery_rates, projected.reference_ns
         if len(counts) == 1:  # one delivery family: one sigma
             sigma = sigmas.get(next(iter(counts)))
             slope, first = (c * sigma, 1.0 / sigma) if sigma else (0.0, 1.0)
@@ -558,13 +502,7 @@ class Scheduler:
         )
         prm = Prompters()
         for s, room in prompting:
-            handle, x = s.handle, s.service.token_rate
-            for terms, decay, _ in frames:
-                served = terms.get(s.key)
-                if served is not None:
-                    x = decay * x + served[0]
-                    if x < MIN_RATE_PER_MS:
-                        x = MIN_RATE_PER_MS
+            handle, x = s.handle, self._queue.projected_token_rate(s)
             congestion = f / x
             position = s.prompt_done
             prm.handle.append(handle)
@@ -574,7 +512,7 @@ class Scheduler:
             prm.price.append(1.0 + congestion)
             prm.first_token.append(beta + congestion if room > 0 else 0.0)
             prm.recency.append(s.last_selected_ns)
-        # vouched for (policy.Population): both lists follow ``live``, least recently selected first;
+        # vouched for (select.population.Population): both lists follow ``live``, least recently selected first;
         # one family shares one slope; with beta > 0 every token price is positive (the other
         # preferences are >= 0, PolicyConfig checks, so delivery prices and age credits are too)
         return Population(dec, prm, c * len(states), policy.adaptive_verification_alpha,
@@ -609,32 +547,25 @@ class Scheduler:
         wait behind streams that have theirs. The whole catalog is the fallback
         while no generation program is measured.
         """
-        return self._timing.normalizer()
+        return self._timing.normalizer(self.now_ns)
 
     # -- commit -------------------------------------------------------------
 
     def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
         """Check ownership, epochs, room and feedback dependencies; then submit (A6)."""
         self._check_commit(plan, fence)
-        queued = bool(self._frames)
-        start_ns = self._queue_end_ns()
         states = tuple(s for s in self._slots if s is not None and s.live)
         participants = tuple(s.handle for s in states)
         normalizer = self._normalizer()
         self._start_unserved_histories(participants, normalizer)
         for lane in plan.lanes:
             state = self._state(lane.handle)
-            state.inflight += 1
-            state.queued_prompt += lane.prompt_tokens
-            state.queued_output += lane_output_bound(lane, plan.graph)
+            fq.hold(state, lane, plan.graph)
             state.last_selected_ns = self.now_ns
         self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
         if plan.reason in EXPLORATION_REASONS:
             self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
-        self._frames.append(
-            Frame.submitted(fence, plan, states, normalizer, start_ns + plan.estimated_duration_ns, queued,
-                            self.policy.adaptation_ms)
-        )
+        self._queue.submit(fence, plan, states, normalizer, self.now_ns, self.policy.adaptation_ms)
         self._last_fence = fence
 
     def _start_unserved_histories(self, participants: Sequence[RequestHandle], normalizer: float | None) -> None:
@@ -654,15 +585,11 @@ class Scheduler:
             raise ValueError(f"fences must strictly increase: {fence} after {self._last_fence}")
         if plan.graph.id not in self._by_id or self._by_id[plan.graph.id] != plan.graph:
             raise ValueError(f"plan graph {plan.graph.id!r} is not in this scheduler's catalog")
-        if len(self._frames) >= FRAME_SLOTS:
-            raise ValueError("both frame slots are occupied; complete a frame before committing")
+        self._queue.check_slot()
         if plan.reason in EXPLORATION_REASONS and not self.exploration.can_begin(plan.reason):
             raise ValueError(f"a {plan.reason.value} plan needs full credit and no episode in flight; replan")
-        if self._frames:
-            if self._frames[-1].plan.requires_feedback or plan.requires_feedback:
-                raise ValueError("this plan or the queued one needs completion feedback: commit after the queue drains")
-            if self.cost.requires_feedback(plan.graph.cost_key(), self.now_ns):
-                raise ValueError(f"{plan.graph.id}'s cost went stale since planning (D5); replan after the queue drains")
+        queued = bool(self._queue)
+        self._queue.check_feedback(plan, queued and self.cost.requires_feedback(plan.graph.cost_key(), self.now_ns))
         seen = set()
         for lane in plan.lanes:
             if lane.handle in seen:
@@ -709,12 +636,8 @@ class Scheduler:
             raise ValueError(f"{frame.plan.graph.id} is host-allocated: use complete_with_survival")
         return self._complete(frame, records, timing, confidence, survival)
 
-    def _oldest(self, fence: Fence) -> Frame:
-        if not self._frames:
-            raise ValueError(f"no submitted frame to complete (fence {fence})")
-        if self._frames[0].fence != fence:
-            raise ValueError(f"completions come in fence order: expected {self._frames[0].fence}, got {fence}")
-        return self._frames[0]
+    def _oldest(self, fence: Fence) -> fq.Frame:
+        return self._queue.oldest(fence)
 
     def _complete(self, frame, records, timing, confidence, survival) -> list[GeneratedToken]:
         by_handle = validate_completion(frame, records, timing, self._lookup)
@@ -722,7 +645,7 @@ class Scheduler:
         _validate_sidecar("survival", survival, records, frame.plan.graph)
         sidecars = _sidecars_by_handle(records, confidence, survival)
         # everything is valid: from here on, state changes
-        self._frames.pop(0)
+        self._queue.pop()
         plan = frame.plan
         self._observe_cost(plan.graph.cost_key(), timing.device_ns, timing.readiness_delay_ns)
         # D6-D9: every frame that completes pays or earns once, by its plan's reason (cancelled lanes too)
@@ -755,7 +678,7 @@ class Scheduler:
 
     def _lapse_credit_if_idle(self) -> None:
         """D6: when the device has nothing queued and nothing runnable, positive credit lapses."""
-        if self._frames or self.exploration.episode_open:
+        if self._queue or self.exploration.episode_open:
             return
         if not any(s is not None and s.live and (s.phase is LanePhase.PROMPT or s.room() > 0) for s in self._slots):
             self.exploration.idle()
@@ -767,9 +690,7 @@ class Scheduler:
         return state.prompt_done + state.produced
 
     def _apply_lane(self, state, lane, plan, record, fence, sidecar=None) -> GeneratedToken | None:
-        state.inflight -= 1
-        state.queued_prompt -= lane.prompt_tokens
-        state.queued_output -= lane_output_bound(lane, plan.graph)
+        fq.release(state, lane, plan.graph)
         if record is None or not state.live:
             return None  # cancelled or finished earlier: nothing is published
         if lane.phase is LanePhase.PROMPT:
@@ -804,7 +725,7 @@ class Scheduler:
                 confidence=None if confidence is None else (tuple(confidence),),
                 ceiling=lane.ceiling or lane.query_length,
             ),
-            self.population,
+            self.acceptance_prior,
         )
         self._refresh_survival(state)
 
@@ -816,7 +737,7 @@ class Scheduler:
             return "length"
         return None
 
-    def _record_service(self, frame: Frame, timing: ExecutionTiming, before) -> None:
+    def _record_service(self, frame: fq.Frame, timing: ExecutionTiming, before) -> None:
         """A3: one measured interval; service from committed-counter differences."""
         if timing.device_ns <= 0:
             return
@@ -847,6 +768,19 @@ class Scheduler:
 # ---------------------------------------------------------------------------
 
 
+def _check_catalog(graphs: Sequence[GraphDescriptor], request_slots: int, speculation: str) -> None:
+    if speculation not in SPECULATION_MODES:
+        raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, got {speculation!r}")
+    if not 1 <= request_slots <= MAX_REQUEST_SLOTS:
+        raise ValueError(f"request_slots must be in 1..{MAX_REQUEST_SLOTS} (U11), got {request_slots}")
+    ids = [g.id for g in graphs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("graph ids must be unique in one catalog")
+    drafting = [g.id for g in graphs if g.draws_proposals]
+    if speculation == "off" and drafting:
+        raise ValueError(f"speculation off runs no speculative programs, but the catalog has {drafting[:4]}")
+
+
 def _validate_admission(r: AdmitRequest) -> None:
     if r.prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be >= 1, got {r.prompt_tokens}")
@@ -863,7 +797,7 @@ def _validate_admission(r: AdmitRequest) -> None:
         raise ValueError(f"unknown proposal sources {sorted(unknown)}; expected any of {PROPOSAL_SOURCES}")
 
 
-def validate_completion(frame: Frame, records, timing: ExecutionTiming, lookup) -> dict[RequestHandle, CompletionRecord]:
+def validate_completion(frame: fq.Frame, records, timing: ExecutionTiming, lookup) -> dict[RequestHandle, CompletionRecord]:
     """Every record checked against its lane; raises on the first malformed one."""
     if timing.device_ns < 0 or timing.wall_ns < 0 or timing.readiness_delay_ns < 0:
         raise ValueError(f"execution timing must be nonnegative, got {timing}")

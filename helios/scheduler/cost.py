@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from flare_contract.graphs import CostKey
 
@@ -45,6 +46,36 @@ class CostEntry:
     window: deque[int] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     last_observation_ns: int | None = None  # last valid sample, scheduler clock
     last_attempt_ns: int | None = None  # last committed dispatch, scheduler clock
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """One program's estimate as selection reads it at one instant, and until when it holds."""
+
+    estimate_ns: int  # 0: unmeasured
+    fresh: bool  # False: measured but stale (D2); still usable, needs feedback (D5)
+    until_ns: int | None  # when it changes without an observation (None: only an observation changes it)
+
+
+class DurationModel(Protocol):
+    """What the scheduler core asks of a cost model (``Scheduler(cost=...)``).
+
+    ``CostModel`` below is Helios's (D1-D3, D5); ``helios.direct.cost.MovingAverageCost``
+    is the direct scheduler's. ``CatalogTiming`` reads ``standing`` after each observation
+    and at each ``until_ns``, so estimates that change with time alone stay current.
+    """
+
+    ttl_ns: int
+
+    def observe(self, key: CostKey, device_ns: int, readiness_delay_ns: int, now_ns: int) -> bool: ...
+
+    def standing(self, key: CostKey, now_ns: int) -> Standing: ...
+
+    def requires_feedback(self, key: CostKey, now_ns: int) -> bool: ...
+
+    def mark_attempt(self, key: CostKey, now_ns: int) -> None: ...
+
+    def last_observation_ns(self, key: CostKey) -> int | None: ...
 
 
 def median_ns(samples: deque[int] | list[int]) -> int:
@@ -92,6 +123,15 @@ class CostModel:
         if entry is None or entry.last_observation_ns is None:
             return False
         return now_ns - entry.last_observation_ns >= self.ttl_ns
+
+    def standing(self, key: CostKey, now_ns: int) -> Standing:
+        """The estimate (kept when stale), its freshness, and when a fresh measured one turns stale."""
+        entry = self._entries.get(key)
+        observed = entry.last_observation_ns if entry else None
+        if observed is None:
+            return Standing(entry.estimate_ns if entry else 0, True, None)
+        fresh = now_ns - observed < self.ttl_ns
+        return Standing(entry.estimate_ns, fresh, observed + self.ttl_ns if fresh else None)
 
     def requires_feedback(self, key: CostKey, now_ns: int) -> bool:
         """Unknown or stale programs may run only with an empty queue and feedback (D5)."""

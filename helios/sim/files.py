@@ -19,8 +19,8 @@ from typing import Any, Callable
 import yaml
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
-from helios.scheduler.config import POLICY_PRESETS, PolicyConfig
-from helios.scheduler.select.population import MAX_REQUEST_SLOTS  # spec U11: selection is bounded to 64 slots
+from helios.scheduler.config import POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
+from helios.scheduler.select.population import MAX_REQUEST_SLOTS
 
 SIMULATED_KINDS = (GraphKind.PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)
 PROPOSAL_SOURCES = ("learned", "copy")
@@ -348,7 +348,6 @@ REQUEST_FIELDS = (
     "preseed_acceptance", "proposal_source", "acceptance_schedule",
 )
 TRACE_FIELDS = ("policy", "seed", "requests", "speculation")
-SPECULATION_MODES = ("adaptive", "fixed")
 CHANGE_FIELDS = ("after_tokens", "accepted_drafts", "acceptance")
 POLICY_FIELDS = ("preset",) + tuple(f.name for f in fields(PolicyConfig))
 

@@ -347,6 +347,14 @@ class _Frame:
     end_ns: int
 
 
+def _loaded(graphs: Sequence[GraphDescriptor], speculation: str) -> tuple[GraphDescriptor, ...]:
+    """What the scheduler is given: with speculation off, the programs that draw no proposals (as
+    ``flare run --speculation off`` loads them)."""
+    if speculation == "off":
+        return tuple(g for g in graphs if not g.draws_proposals)
+    return tuple(graphs)
+
+
 class Simulation:
     """One run of a trace against a synthetic catalog; ``run()`` returns the result."""
 
@@ -360,9 +368,10 @@ class Simulation:
         """``scheduler`` replaces the real one only in tests of the loop's own mechanics."""
         self.catalog = catalog
         self.options = options
+        self.speculation = trace.speculation
         self.scheduler = scheduler or Scheduler(
-            catalog.descriptors(), request_slots=catalog.request_slots, policy=trace.policy,
-            speculation=trace.speculation,
+            _loaded(catalog.descriptors(), trace.speculation), request_slots=catalog.request_slots,
+            policy=trace.policy, speculation=trace.speculation,
         )
         self.device = SyntheticDevice(catalog, random.Random(trace.seed))
         ordered = sorted(trace.requests, key=lambda r: r.arrival_ns)
@@ -398,8 +407,10 @@ class Simulation:
 
     def _measure_catalog(self) -> None:
         """One observation per graph at time zero, through the normal cost path."""
+        loaded = set(_loaded(self.catalog.descriptors(), self.speculation))
         for graph in self.catalog.graphs:
-            self.scheduler.observe_duration(graph.descriptor.id, graph.duration_ns)
+            if graph.descriptor in loaded:
+                self.scheduler.observe_duration(graph.descriptor.id, graph.duration_ns)
 
     def _admit_arrivals(self) -> None:
         while self.arrivals and self.arrivals[0].spec.arrival_ns <= self.now:

@@ -61,24 +61,6 @@ class CheckpointTokenizer:
         return self._template.render(messages, add_generation_prompt=add_generation_prompt,
                                      template_kwargs=template_kwargs)
 
-    def message_endpoints(self, messages: Sequence[Mapping[str, str]], prompt_ids: Sequence[int], *,
-                          template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
-        """The token counts at which each completed message of a chat prompt ends, exactly (spec K1).
-
-        Each prefix of the conversation is rendered without a generation prompt and
-        encoded; its length is an endpoint only if those tokens are a true prefix of
-        ``prompt_ids`` (a template may render a message differently once another
-        follows it, and a token may straddle the boundary: such an end is left out
-        rather than guessed)."""
-        ends = []
-        for count in range(1, len(messages) + 1):
-            text = self.apply_chat_template(messages[:count], add_generation_prompt=False,
-                                            template_kwargs=template_kwargs)
-            ids = self.encode(text, add_special_tokens=False)
-            if 0 < len(ids) <= len(prompt_ids) and list(prompt_ids[:len(ids)]) == ids:
-                ends.append(len(ids))
-        return ends
-
 
 def _template(config: Path) -> ChatTemplate | None:
     """The chat template, or None for checkpoints without one (chat requests then get a 400)."""

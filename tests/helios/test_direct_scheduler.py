@@ -61,13 +61,21 @@ def test_reverts_to_unmeasured_thirty_seconds_after_the_last_sample():
 
 
 def test_scheduler_plans_discovery_once_an_estimate_expires():
-    graphs = [decode(1), decode(2)]
-    s = DirectScheduler(graphs, request_slots=2)
+    graphs = [decode(1), decode(2), prefill(8, 1)]
+    direct = DirectScheduler(graphs, request_slots=2)
+    s = direct.scheduler
     for g in graphs:
         s.observe_duration(g.id, 3 * MS)
-    assert all(p["estimate_ns"] == 3 * MS for p in s.programs_state())
+    assert all(p["estimate_ns"] == 3 * MS for p in direct.programs_state())
+    h = s.admit(ask(4, 8))
+    chunk = s.plan()
+    assert chunk.graph.kind.value == "prefill" and chunk.reason is SelectionReason.ORDINARY
+    s.commit(chunk, 1)
+    s.complete(1, [CompletionRecord(h, prompt_consumed=4, tokens=(5,))], ExecutionTiming(0, 0))  # no sample
     s.advance_to(31 * S)
-    assert all(p["estimate_ns"] == 0 and p["age_ns"] == 31 * S for p in s.programs_state())
+    assert all(p["estimate_ns"] == 0 and p["age_ns"] == 31 * S for p in direct.programs_state())
+    plan = s.plan()  # the core's timing table over the moving average lapsed with it
+    assert plan.reason is SelectionReason.DISCOVERY and plan.estimated_duration_ns == 0
 
 
 # ---------------------------------------------------------------------------
@@ -112,7 +120,8 @@ class Twins:
     def __init__(self, graphs, durations, slots: int) -> None:
         self.warmup = prefill(8, slots)  # only brings prompts into decode; no prompt is left when comparing
         catalog = [*graphs, self.warmup]
-        self.pair = (Scheduler(catalog, request_slots=slots), DirectScheduler(catalog, request_slots=slots))
+        self.direct = DirectScheduler(catalog, request_slots=slots)
+        self.pair = (Scheduler(catalog, request_slots=slots), self.direct.scheduler)
         self.durations = {**durations, self.warmup: 1.0}
         for s in self.pair:
             for g, ms in self.durations.items():
@@ -164,7 +173,7 @@ def _whole_prompts(twins: Twins, handles, requests) -> ScheduledPlan:
     return ScheduledPlan(twins.warmup, lanes, SelectionReason.ORDINARY, MS, 0.0, 0.0)
 
 
-def _helios_skipped_a_row_search(direct: DirectScheduler, helios_plan: ScheduledPlan | None) -> bool:
+def _helios_skipped_a_row_search(direct: Scheduler, helios_plan: ScheduledPlan | None) -> bool:
     """Whether the choices differ only because Helios never evaluated a row-budget program.
 
     Helios prices constrained ragged and adaptive programs only when an upper bound can beat the best
@@ -174,8 +183,7 @@ def _helios_skipped_a_row_search(direct: DirectScheduler, helios_plan: Scheduled
     """
     if helios_plan is None:
         return False
-    timings = direct._timings()
-    pop = direct._population(direct.now_ns, timings)
+    timings, pop = direct.selection_inputs()
     candidates = select.decode_candidates(direct.graphs, timings, pop)
     winner = next(c for c in candidates if c.graph.id == helios_plan.graph.id)
     if _cohort(helios_plan)[1] != _cohort_of(winner):

@@ -178,5 +178,5 @@ def test_acceptance_schedule_round_trips_and_rejects_bad_input():
     with pytest.raises(SimulationFileError, match="must not increase"):
         parse_trace(bad)
     bad["speculation"] = "sometimes"
-    with pytest.raises(SimulationFileError, match="allowed: adaptive, fixed"):
+    with pytest.raises(SimulationFileError, match="allowed: off, fixed, adaptive"):
         parse_trace(bad)

@@ -98,6 +98,9 @@ def test_debug_state_decisions_are_capped_at_100(catalog, eager):
     assert len(state["decisions"]) <= DECISIONS_KEPT
     total_tokens = sum(r["produced"] for r in state["requests"])
     assert len(state["decisions"]) == DECISIONS_KEPT or total_tokens < DECISIONS_KEPT
+    # the engine reads estimates through the scheduler's public view, whatever cost model it was given
+    measured = {p["id"]: p["estimate_ns"] for p in state["programs"] if p["estimate_ns"] > 0}
+    assert measured and engine.learned_durations() == measured
 
 
 def test_bad_request_gets_the_same_openai_error_as_flare_run(catalog, eager):

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from helios.scheduler.select.candidates import score_group
 from helios.scheduler.select.catalog import Group, GroupKind
-from helios.scheduler.select.rankings import Selector
+from helios.scheduler.select.rankings import DecisionRankings
 from helios.scheduler.select.scorers import MISSING, Out
 
 # A bound is trusted only with this relative margin over the rounding of the
@@ -48,7 +48,7 @@ class BoundRows:
     half: float
 
 
-def score_bounded(sel: Selector, groups: Sequence[Group], graphs, timings, out: Out) -> list[Group]:
+def score_bounded(sel: DecisionRankings, groups: Sequence[Group], graphs, timings, out: Out) -> list[Group]:
     """Score the wider speculative groups unless none can reach the best measured score; return
     the groups left unscored (all of them, or none)."""
     top = max(out.scores, default=MISSING)
@@ -59,7 +59,7 @@ def score_bounded(sel: Selector, groups: Sequence[Group], graphs, timings, out: 
     return []
 
 
-def _none_can_reach(sel: Selector, top: float) -> bool:
+def _none_can_reach(sel: DecisionRankings, top: float) -> bool:
     """Whether every bounded program's bound is below ``top``: one comprehension over all of them
     per source, and one more per prompt capacity whose best row may ride in a mixed program; each
     bound trusted with a margin of ``BOUND_MARGIN`` times its terms. The decoders-only cohorts of
@@ -97,7 +97,7 @@ def _none_can_reach(sel: Selector, top: float) -> bool:
     return True
 
 
-def _flat_bound_rows(sel: Selector, source: str, groups: Sequence[Group], w0: int,
+def _flat_bound_rows(sel: DecisionRankings, source: str, groups: Sequence[Group], w0: int,
                      positive: bool) -> dict[int, BoundRows] | None:
     """The programs of ``groups`` for ``_none_can_reach`` by prompt capacity, or None if a duration
     is unknown. Kept with the durations they were read from (``PerDurations``)."""
@@ -127,7 +127,7 @@ def _flat_bound_rows(sel: Selector, source: str, groups: Sequence[Group], w0: in
     return flat
 
 
-def decode_only_beaten(sel: Selector, group: Group) -> bool:
+def decode_only_beaten(sel: DecisionRankings, group: Group) -> bool:
     """Whether every program of a mixed ``group`` scores its decoders-only cohort strictly below
     a rectangular program of the same source, width and batch measured faster.
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.select import dominance
 from helios.scheduler.select.catalog import Group, GroupKind
-from helios.scheduler.select.rankings import AdaptiveLanes, DecodeRanking, PromptRanking, PromptRow, Selector
+from helios.scheduler.select.rankings import AdaptiveLanes, DecodeRanking, PromptRanking, PromptRow, DecisionRankings
 from helios.scheduler.select.scorers import Out, mixed_entry, score, score_mixed, score_prefill, score_rectangular
 from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.types import LanePhase, PlannedLane
@@ -65,13 +65,13 @@ class Deferred:
     make: Callable[[], "Candidate | None"]
 
 
-def decode_lanes(sel: Selector, r: DecodeRanking, k: int) -> list[PlannedLane]:
+def decode_lanes(sel: DecisionRankings, r: DecodeRanking, k: int) -> list[PlannedLane]:
     """The best ``k`` members of ``r`` as decode lanes (ranking order); a winner may hold 64."""
     handles = map(sel.pop.decoders.handle.__getitem__, r.members[:k])
     return PlannedLane.decode_rows(handles, r.lengths[:k], r.expected)
 
 
-def _prompt_lane(sel: Selector, i: int, tokens: int) -> PlannedLane:
+def _prompt_lane(sel: DecisionRankings, i: int, tokens: int) -> PlannedLane:
     p = sel.pop.prompters
     finishes = tokens == p.remaining[i]
     return PlannedLane(
@@ -87,7 +87,7 @@ def _prompt_lane(sel: Selector, i: int, tokens: int) -> PlannedLane:
 # -- decode and speculative ---------------------------------------------------
 
 
-def generation_candidate(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
+def generation_candidate(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming):
     """Decode and speculative programs: rectangular, constrained ragged or adaptive.
 
     A rectangular cohort is scored here and built only if needed
@@ -112,7 +112,7 @@ def generation_candidate(sel: Selector, index: int, graph: GraphDescriptor, timi
     return (not timing.known, score(base, r.slope_prefix[k], timing, active)), index, r
 
 
-def built_generation(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
+def built_generation(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
                      r: DecodeRanking) -> Candidate:
     k = r.decoders_served(graph)
     return Candidate(
@@ -132,7 +132,7 @@ def _cohort_score(total: float, timing: GraphTiming, active: float) -> float:
     return value_rate(total, t_ms, active) if timing.known else optimistic_work_score(total)
 
 
-def _constrained_candidate(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming,
+def _constrained_candidate(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming,
                            r: DecodeRanking) -> Candidate | None:
     """Host-allocated ragged program whose P binds: exact best cohort fitting B and P (U9)."""
     t_ms = timing.duration_ns / 1e6 if timing.known else 0.0
@@ -157,7 +157,7 @@ def _constrained_candidate(sel: Selector, index: int, graph: GraphDescriptor, ti
                      graph.target_rows - rows, logical, build)
 
 
-def _adaptive_lanes(sel: Selector, source: str, width: int) -> AdaptiveLanes:
+def _adaptive_lanes(sel: DecisionRankings, source: str, width: int) -> AdaptiveLanes:
     """Prefix-limit lanes for one (source, logical width), built once per decision."""
     key = (source, width)
     cached = sel.adaptive_lanes.get(key)
@@ -179,7 +179,7 @@ def _adaptive_lanes(sel: Selector, source: str, width: int) -> AdaptiveLanes:
     return cached
 
 
-def _adaptive_candidate(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming) -> Candidate | None:
+def _adaptive_candidate(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming) -> Candidate | None:
     """Device-allocated program: cohort prefixes under three orderings (U10)."""
     info = sel.infos[index]
     found = _adaptive_lanes(sel, info.source, info.width)
@@ -219,7 +219,7 @@ def _adaptive_candidate(sel: Selector, index: int, graph: GraphDescriptor, timin
 # -- prefill ------------------------------------------------------------------
 
 
-def prefill_candidate(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
+def prefill_candidate(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming):
     """Prompt rows earn the tokens they can actually consume (U13).
 
     Each of the B rows serves one prompter and consumes up to the graph's
@@ -232,7 +232,7 @@ def prefill_candidate(sel: Selector, index: int, graph: GraphDescriptor, timing:
     return (not timing.known, score(base, 0.0, timing, sel.pop.active_age_price)), index, prompts
 
 
-def built_prefill(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
+def built_prefill(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
                   prompts: PromptRanking) -> Candidate:
     tokens, k = prompts.tokens, prompts.served(graph)
     rows = prompts.ranked.order[:k]
@@ -252,14 +252,14 @@ def built_prefill(sel: Selector, index: int, graph: GraphDescriptor, timing: Gra
 # -- mixed --------------------------------------------------------------------
 
 
-def mixed_candidate(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming):
+def mixed_candidate(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming):
     """Best decode-only cohort vs best prompt row plus the best B-1 decoders (P7)."""
     info = sel.infos[index]
     untimed = sel.decode_ranking(info.source, info.width)
     return mixed_entry(sel, index, graph, timing, untimed, sel.prompt_ranking(graph.prefill_capacity))
 
 
-def built_mixed(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
+def built_mixed(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming, value: float,
                 cohort: DecodeRanking | PromptRow) -> Candidate:
     """A mixed program's candidate: decoders only (its ``DecodeRanking``) or with a ``PromptRow``."""
     k = cohort.decoders_served(graph)
@@ -299,7 +299,7 @@ BUILT = {
 # -- groups -------------------------------------------------------------------
 
 
-def _score_one_by_one(sel: Selector, group: Group, graphs: Sequence[GraphDescriptor], timings, out: Out) -> None:
+def _score_one_by_one(sel: DecisionRankings, group: Group, graphs: Sequence[GraphDescriptor], timings, out: Out) -> None:
     """Ragged and prefix-limit programs: their own candidate functions (which may defer)."""
     for index in group.members:
         graph = graphs[index]
@@ -316,7 +316,7 @@ SCORERS = {  # how each kind of group scores its members into an ``Out``
 }
 
 
-def score_group(sel: Selector, group: Group, graphs: Sequence[GraphDescriptor], timings, out: Out) -> None:
+def score_group(sel: DecisionRankings, group: Group, graphs: Sequence[GraphDescriptor], timings, out: Out) -> None:
     """Score every member of ``group`` into ``out``, by the group's kind."""
     SCORERS[group.kind](sel, group, graphs, timings, out)
 
@@ -334,7 +334,7 @@ class Scored:
     and the smaller shapes that might prune them (U12) -- are ever built.
     """
 
-    def __init__(self, sel: Selector, graphs: Sequence[GraphDescriptor], timings: Sequence[GraphTiming],
+    def __init__(self, sel: DecisionRankings, graphs: Sequence[GraphDescriptor], timings: Sequence[GraphTiming],
                  by_index=None) -> None:
         self.sel = sel
         self.graphs = graphs

@@ -10,7 +10,7 @@ from helios.scheduler.select.timing import GraphTiming, needs_feedback
 from helios.scheduler.types import PlannedLane, SelectionReason
 
 if TYPE_CHECKING:
-    from helios.scheduler.select.rankings import Selector
+    from helios.scheduler.select.rankings import DecisionRankings
 
 
 @dataclass(slots=True)
@@ -28,9 +28,9 @@ class Choice:
     score: float  # value rate (known) or optimistic work score (unknown)
     log_scale: float
     prefill_row: int | None
-    # the decision's rankings and columns (a ``Selector``), which funded exploration
+    # the decision's rankings and columns (a ``DecisionRankings``), which funded exploration
     # reuses to evaluate other programs on the same population (``evaluate``'s ``selection``)
-    selection: "Selector | None" = field(default=None, compare=False, repr=False)
+    selection: "DecisionRankings | None" = field(default=None, compare=False, repr=False)
 
     @property
     def reason(self) -> SelectionReason:

@@ -10,7 +10,7 @@ from helios.scheduler.select.candidates import CANDIDATES, Candidate, Deferred, 
 from helios.scheduler.select.catalog import GraphInfo
 from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.population import Population
-from helios.scheduler.select.rankings import Selector
+from helios.scheduler.select.rankings import DecisionRankings
 from helios.scheduler.select.timing import GraphTiming
 
 
@@ -20,7 +20,7 @@ def evaluate(
     population: Population,
     infos: Sequence[GraphInfo],
     indices: Sequence[int],
-    selection: "Selector | None" = None,
+    selection: "DecisionRankings | None" = None,
 ) -> dict[int, Choice]:
     """Each listed graph's own best cohort, as ``select`` would build it, by catalog index.
 
@@ -54,7 +54,7 @@ def evaluate_scores(
     population: Population,
     infos: Sequence[GraphInfo],
     indices: Sequence[int],
-    selection: "Selector | None" = None,
+    selection: "DecisionRankings | None" = None,
 ) -> dict[int, Evaluated]:
     """``evaluate`` without building lanes: timing refresh ranks every stale program by its
     score and runs one, so only that one needs its cohort's lanes (64 per program at most).
@@ -62,10 +62,10 @@ def evaluate_scores(
     ``selection`` is a ``Choice.selection`` of a decision on the same population:
     its rankings are reused (they depend on the population alone).
     """
-    if isinstance(selection, Selector) and selection.pop is population:
+    if isinstance(selection, DecisionRankings) and selection.pop is population:
         sel = selection
     else:
-        sel = Selector(population, infos)
+        sel = DecisionRankings(population, infos)
     scored = Scored(sel, graphs, timings)
     out = {}
     for index in indices:

@@ -26,7 +26,7 @@ from helios.scheduler.select.candidates import SCORERS, Candidate, Deferred, Fla
 from helios.scheduler.select.catalog import CatalogInfo, Group, GroupKind, describe
 from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.population import Population
-from helios.scheduler.select.rankings import Selector
+from helios.scheduler.select.rankings import DecisionRankings
 from helios.scheduler.select.scorers import MISSING, Out
 from helios.scheduler.select.timing import GraphTiming, durations_ms
 from helios.scheduler.utility import decision_log_scale
@@ -46,7 +46,7 @@ def select(
     catalog pass them to skip recomputing them.
     """
     described = described if described is not None else describe(graphs)
-    sel = Selector(population, described)
+    sel = DecisionRankings(population, described)
     sel.t_ms = durations if durations is not None else durations_ms(timings)
     sel.derived = described.per_durations.current(sel.t_ms)
     out = Out(len(graphs))
@@ -69,7 +69,7 @@ def select(
     return _general(sel, graphs, timings, out)
 
 
-def _general(sel: Selector, graphs, timings, out: Out) -> Choice | None:
+def _general(sel: DecisionRankings, graphs, timings, out: Out) -> Choice | None:
     """Rank every entry: D4's filter, deferred searches, U12 pruning, then the tie order (U8)."""
     described = sel.infos
     scored = Scored(sel, graphs, timings)
@@ -93,7 +93,7 @@ def _general(sel: Selector, graphs, timings, out: Out) -> Choice | None:
     return Choice(best.graph, lanes, best.timing, best.score, decision_log_scale(abs(best.score)), prefill_row, sel)
 
 
-def _measured_leader(sel: Selector, scored: Scored, out: Out, skipped: Sequence[Group]) -> Choice | None:
+def _measured_leader(sel: DecisionRankings, scored: Scored, out: Out, skipped: Sequence[Group]) -> Choice | None:
     """The usual decision, read from the flat scores: every candidate measured and rectangular,
     mixed or prefill, and one program strictly best and not padding (U12). None otherwise,
     and then ``select`` ranks every entry as it always has. ``scored`` reads its entries
@@ -129,7 +129,7 @@ def _measured_leader(sel: Selector, scored: Scored, out: Out, skipped: Sequence[
 _RECTANGULAR_KINDS = (GraphKind.DECODE, GraphKind.SPECULATIVE)  # their flat cohorts are the best min(B, n) decoders
 
 
-def _explores_redundantly(c: Candidate, sel: Selector, prefill_sizes: Sequence[int]) -> bool:
+def _explores_redundantly(c: Candidate, sel: DecisionRankings, prefill_sizes: Sequence[int]) -> bool:
     """D4: an unmeasured prefill graph is skipped when a smaller capacity reaches the same endpoint."""
     if c.timing.known or c.graph.kind is not GraphKind.PREFILL:
         return False
@@ -141,7 +141,7 @@ def _explores_redundantly(c: Candidate, sel: Selector, prefill_sizes: Sequence[i
     return any(reach <= size < capacity for size in prefill_sizes)
 
 
-def _recency(c: Candidate, sel: Selector) -> int:
+def _recency(c: Candidate, sel: DecisionRankings) -> int:
     by_slot = {}
     for cols in (sel.pop.decoders, sel.pop.prompters):
         for h, r in zip(cols.handle, cols.recency):

@@ -1,6 +1,6 @@
 """One decision's rankings: lane values computed once per logical width or prompt capacity (U9).
 
-Selection never re-sorts per shape: ``Selector`` ranks the decoders once per
+Selection never re-sorts per shape: ``DecisionRankings`` ranks the decoders once per
 (proposal source, logical width) and the prompters once per prompt capacity,
 and every batch capacity reads the shared prefix sums.
 
@@ -211,7 +211,7 @@ class AllSlopes:
     prefix: list[float] | None
 
 
-class Selector:
+class DecisionRankings:
     """One decision's caches: rankings per width and per prompt capacity."""
 
     def __init__(self, population: Population, infos: "CatalogInfo") -> None:

@@ -19,7 +19,7 @@ import math
 from typing import TYPE_CHECKING
 
 from flare_contract.graphs import GraphDescriptor
-from helios.scheduler.select.rankings import DecodeRanking, PromptRanking, PromptRow, Selector
+from helios.scheduler.select.rankings import DecodeRanking, PromptRanking, PromptRow, DecisionRankings
 from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.utility import optimistic_work_score
 
@@ -86,7 +86,7 @@ class Out:
         return [self.entry(index) for index in range(len(self.scores))]
 
 
-def score_rectangular(sel: Selector, group: "Group", graphs, timings, out: Out) -> None:
+def score_rectangular(sel: DecisionRankings, group: "Group", graphs, timings, out: Out) -> None:
     """Rectangular decode and speculative programs of one width: the best B lanes of one ranking (U9).
 
     The hottest loop of a decision, so it reads the shared prefix sums directly:
@@ -115,7 +115,7 @@ def score_rectangular(sel: Selector, group: "Group", graphs, timings, out: Out) 
             payloads[index] = r
 
 
-def score_prefill(sel: Selector, group: "Group", graphs, timings, out: Out) -> None:
+def score_prefill(sel: DecisionRankings, group: "Group", graphs, timings, out: Out) -> None:
     """Every prefill program: the best B prompters of its capacity (U13), no age term."""
     if not sel.pop.prompters.handle:
         return
@@ -134,7 +134,7 @@ def score_prefill(sel: Selector, group: "Group", graphs, timings, out: Out) -> N
                 out.entries[index] = (True, ranked.prefix[k]), index, prompts
 
 
-def score_mixed(sel: Selector, group: "Group", graphs, timings, out: Out) -> None:
+def score_mixed(sel: DecisionRankings, group: "Group", graphs, timings, out: Out) -> None:
     """Mixed programs of one prompt capacity and width (P7): written out below when every lane
     shares one age slope (the usual case); otherwise a known duration needs its own ranking."""
     untimed = sel.decode_ranking(group.source, group.width)
@@ -177,7 +177,7 @@ def score_mixed(sel: Selector, group: "Group", graphs, timings, out: Out) -> Non
             out.entries[index] = (True, best), index, cohort
 
 
-def mixed_entry(sel: Selector, index: int, graph: GraphDescriptor, timing: GraphTiming,
+def mixed_entry(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming,
                  untimed: DecodeRanking, prompts: PromptRanking):
     """``candidates.mixed_candidate`` from rankings already in hand (shared by every mixed graph of one group)."""
     r = untimed if untimed.uniform_slope or not timing.known else sel.decode_ranking(

@@ -6,8 +6,6 @@ The snapshot/restore programs that act on these decisions are not captured yet
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,10 +18,6 @@ from helios.scheduler.checkpoints import (
     RowUse,
     anchor_order,
 )
-from helios.text.tokenizer import CheckpointTokenizer
-
-REPO = Path(__file__).resolve().parents[3]
-BUNDLED_TOKENIZER = REPO / "ignition/models/bundled/flare-tiny/target"
 
 MESSAGE, PROMPT_END = AnchorRole.MESSAGE, AnchorRole.PROMPT_END
 
@@ -56,22 +50,6 @@ def test_K1_anchors_are_distinct_past_the_cache_and_inside_the_prompt(ends, prom
     messages = [a.length for a in anchors if a.role is MESSAGE]
     assert messages == sorted(messages, reverse=True)
     assert all(a.role is PROMPT_END for a in anchors[len(messages):])
-
-
-def test_K1_message_endpoints_are_exact_token_prefixes_of_the_rendered_prompt():
-    tokenizer = CheckpointTokenizer.from_folder(BUNDLED_TOKENIZER)
-    messages = [{"role": "system", "content": "You are terse."},
-                {"role": "user", "content": "Name a prime."},
-                {"role": "assistant", "content": "Seven."},
-                {"role": "user", "content": "Another?"}]
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
-    ends = tokenizer.message_endpoints(messages, prompt)
-    assert ends == sorted(ends) and len(ends) == len(set(ends)) and ends
-    for end in ends:
-        shorter = tokenizer.apply_chat_template(messages[:ends.index(end) + 1], add_generation_prompt=False)
-        assert tokenizer.encode(shorter, add_special_tokens=False) == prompt[:end]
-    # a prompt that does not extend the rendered messages yields no endpoint
-    assert tokenizer.message_endpoints(messages, prompt[:2]) == []
 
 
 def test_K2_extras_fit_the_fraction_of_estimated_uncached_prefill_work():

@@ -124,7 +124,7 @@ def test_A2_malformed_completion_raises_and_changes_nothing():
     handles, fence = decoding(s, 2)
     fence += 1
     plan = commit_next(s, fence)
-    snapshot = copy.deepcopy((s._slots, s._frames, s.cost._entries))
+    snapshot = copy.deepcopy((s._slots, s._queue.frames, s.cost._entries))
     good = [CompletionRecord(l.handle, tokens=(1,)) for l in plan.lanes]
     bad_cases = [
         good[:1],  # a lane without its record
@@ -136,7 +136,7 @@ def test_A2_malformed_completion_raises_and_changes_nothing():
     for records in bad_cases:
         with pytest.raises(ValueError):
             s.complete(fence, records, TIMING)
-        assert copy.deepcopy((s._slots, s._frames, s.cost._entries)) == snapshot
+        assert copy.deepcopy((s._slots, s._queue.frames, s.cost._entries)) == snapshot
     with pytest.raises(ValueError, match="fence order"):
         s.complete(fence + 1, good, TIMING)
     out = s.complete(fence, good, TIMING)
@@ -211,7 +211,7 @@ def test_A5_A10_queue_projection_starts_a_missing_delivery_history_at_one_per_qu
     assert s.request_view(a).delivery_rate is None
     queued = commit_next(s, 2)
     assert queued.graph is D1 and not queued.requires_feedback
-    population = s._population(s._queue_end_ns(), s._timings())
+    population = s._population(s._queue.end_ns(s.now_ns), s._timings())
     frame_ms = queued.estimated_duration_ns / MS
     assert population.decoders.handle == [a]
     assert population.decoders.delivery_price[0] == pytest.approx(g * frame_ms)  # g / z, z = 1 / T

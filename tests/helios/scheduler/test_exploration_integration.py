@@ -380,19 +380,19 @@ def _packed_round_scheduler():
 def test_S7_A2_confidence_rows_validated_for_every_lane_before_any_lane_applies():
     sched, plan, fence = _packed_round_scheduler()
     records = [CompletionRecord(l.handle, tokens=(1, 2), offered=1) for l in plan.lanes]
-    before = list(sched.population.means)
+    before = list(sched.acceptance_prior.means)
     with pytest.raises(ValueError, match="probabilities"):
         sched.complete_packed_round(fence, records, ExecutionTiming(8 * MS, 8 * MS), [(0.9, 0.8, 0.7), (0.9, 1.5, 0.1)])
-    assert sched.population.means == before and sched.queued_fences == (fence,)
+    assert sched.acceptance_prior.means == before and sched.queued_fences == (fence,)
     assert all(sched.acceptance_of(l.handle).forecast is None for l in plan.lanes)
     sched.complete_packed_round(fence, records, ExecutionTiming(8 * MS, 8 * MS), [(0.9, 0.8, 0.7), (0.9, 0.6, 0.1)])
     ceiling = plan.lanes[0].ceiling
     learned = min(3, ceiling - 1)
-    assert len(sched.population.means) == learned, "forecast observations stop below the lane ceiling"
+    assert len(sched.acceptance_prior.means) == learned, "forecast observations stop below the lane ceiling"
     # two lanes moved depth 1 toward 0.9 from the prior 0.5, 1/64 of the way each time
     expected = 0.5 + (0.9 - 0.5) * POPULATION_STEP
     expected += (0.9 - expected) * POPULATION_STEP
-    assert sched.population.means[0] == pytest.approx(expected)
+    assert sched.acceptance_prior.means[0] == pytest.approx(expected)
     assert all(sched.acceptance_of(l.handle).forecast is not None for l in plan.lanes)
 
 

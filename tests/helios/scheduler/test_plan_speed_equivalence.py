@@ -36,7 +36,7 @@ from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.evaluate import evaluate_scores
 from helios.scheduler.select.leader import select
 from helios.scheduler.select.population import Decoders, Population, Prompters, cumulative_gains
-from helios.scheduler.select.rankings import Selector
+from helios.scheduler.select.rankings import DecisionRankings
 from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.catalog_timing import CatalogTiming
 from helios.scheduler.cost import CostModel
@@ -305,7 +305,7 @@ def test_U5_D2_fastest_shapes_follow_every_observation(observations, read_early)
             shapes = table.fastest_shapes(family, timings)
             assert {s.batch_capacity: s.duration_ms for s in shapes} == _fresh_scan(graphs, timings, family)
         measured = token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings) if g.kind in GENERATION_KINDS)
-        assert table.normalizer() == (measured if measured is not None else
+        assert table.normalizer(step) == (measured if measured is not None else
                                       token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings)))
 
 
@@ -534,8 +534,8 @@ def test_U9_a_wide_width_that_cannot_win_is_never_scored(monkeypatch):
     timings = [GraphTiming(int((3 + w) * MS), True) for w in (1, 2, 3, 4, 5, 6)]
     described = describe(graphs)
     ranked = []
-    original = Selector._rank_decoders
-    monkeypatch.setattr(Selector, "_rank_decoders",
+    original = DecisionRankings._rank_decoders
+    monkeypatch.setattr(DecisionRankings, "_rank_decoders",
                         lambda self, source, width, t_ms: ranked.append(width) or original(self, source, width, t_ms))
     for survival, winner_width, widths_ranked in (((1.0, 0.0, 0.0, 0.0, 0.0), 2, [1, 2]),
                                                    ((1.0,) * 5, 6, [1, 2, 3, 4, 5, 6])):
@@ -626,7 +626,7 @@ def test_U5_U8_D8_population_facts_the_core_vouches_for_hold_and_decide_nothing(
     the means and weights it keeps per request are those of the request's estimates then."""
     from plan_regression_cases import random_trace, varied_catalog
 
-    from helios.scheduler import core
+    from helios.scheduler import selector as selector_module
     from helios.sim.files import parse_catalog, parse_trace
     from helios.sim.simulator import Simulation, SimulationOptions
 
@@ -659,7 +659,7 @@ def test_U5_U8_D8_population_facts_the_core_vouches_for_hold_and_decide_nothing(
                                                                           want.prefill_row)
         return got
 
-    monkeypatch.setattr(core, "select", checking_select)
+    monkeypatch.setattr(selector_module, "select_plan", checking_select)
     trace = random_trace(11, 24, 150.0, copy_share=copy_share, policy=policy)
     simulation = Simulation(parse_catalog(varied_catalog(), name), parse_trace(trace, name),
                             SimulationOptions(until_ns=1_500 * MS))

@@ -65,7 +65,7 @@ def test_A9_overrun_suspends_queueing_without_excluding_the_graph():
     (a, b), fence = decoding(s, 2)
     fence += 1
     commit_next(s, fence)
-    s.advance_to(s._frames[-1].end_ns + 1)  # the queued frame ran past its expected end
+    s.advance_to(s._queue.frames[-1].end_ns + 1)  # the queued frame ran past its expected end
     assert s.plan() is None
     s.complete(fence, [CompletionRecord(a, tokens=(1,)), CompletionRecord(b, tokens=(1,))],
                ExecutionTiming(9 * MS, 9 * MS))
@@ -81,7 +81,7 @@ def test_A10_projection_uses_expected_delivery_and_leaves_history_alone():
     served = plan.lanes[0].handle
     other = b if served == a else a
     real = s.request_view(served).token_rate
-    start = s._frames[-1].end_ns
+    start = s._queue.frames[-1].end_ns
     population = s._population(start, s._timings())
     credit = dict(zip(population.decoders.handle, population.decoders.age_credit))
     price = dict(zip(population.decoders.handle, population.decoders.token_price))
@@ -106,6 +106,17 @@ def test_A11_queued_speculative_lane_advances_at_most_its_ceiling():
     assert s.plan() is None
 
 
+def test_A11_a_queued_lane_whose_ceiling_exceeds_P_counts_only_P():
+    A = spec(2, 4, aggregate=3, source=ValueSource.PREFIX_LIMIT)  # ceiling 4 > P = 3
+    s = measured({P64: 4.0, A: 5.0})
+    s.admit(ask(64, 7, sources=("learned",)))
+    Driver(s, {P64: 4.0, A: 5.0}).run(1)  # prefill: one token out, 6 left
+    first = commit_next(s, 10)
+    assert first.lanes[0].ceiling == 4
+    second = commit_next(s, 11)
+    assert second.lanes[0].ceiling == 3  # the first frame commits at most min(4, P) = 3: 3 of room remain
+
+
 def test_D5_unknown_graph_is_discovered_only_with_an_empty_window():
     s = measured({P64: 4.0, D1: 3.0, D2: 3.5}, cold=(D2,))
     (a, b), fence = decoding(s, 2)
@@ -127,7 +138,7 @@ def test_D5_stale_graph_needs_feedback_and_commit_rechecks_freshness():
     commit_next(s, fence)
     fresh = s.plan()
     assert fresh is not None and not fresh.requires_feedback
-    s.advance_to(s._frames[0].end_ns)
+    s.advance_to(s._queue.frames[0].end_ns)
     s.complete(fence, [CompletionRecord(a, tokens=(1,)), CompletionRecord(b, tokens=(1,))], TIMING)
     # a plan saved while fresh, committed behind queued work after the estimate expired
     queued = s.plan()

@@ -24,7 +24,7 @@ from helios.scheduler.select.candidates import generation_candidate, mixed_candi
 from helios.scheduler.select.catalog import GroupKind, describe
 from helios.scheduler.select.leader import select
 from helios.scheduler.select.population import Decoders, Population, Prompters, cumulative_gains
-from helios.scheduler.select.rankings import Selector
+from helios.scheduler.select.rankings import DecisionRankings
 from helios.scheduler.select.scorers import MISSING, Out, rate, score
 from helios.scheduler.select.timing import GraphTiming, durations_ms
 from helios.scheduler.types import LanePhase, RequestHandle
@@ -74,10 +74,10 @@ def timings(rng: random.Random) -> list[GraphTiming]:
 CASES = [(seed, n, m, families) for seed in range(12) for n, m, families in ((6, 3, 1), (9, 2, 2), (3, 0, 1), (0, 4, 1))]
 
 
-def scored(pop: Population, timed: list[GraphTiming]) -> tuple[Selector, Out]:
+def scored(pop: Population, timed: list[GraphTiming]) -> tuple[DecisionRankings, Out]:
     """Every group scored into one ``Out``, as ``select`` scores them when nothing is skipped."""
     described = describe(GRAPHS)
-    sel = Selector(pop, described)
+    sel = DecisionRankings(pop, described)
     sel.t_ms = durations_ms(timed)
     sel.derived = described.per_durations.current(sel.t_ms)
     out = Out(len(GRAPHS))
@@ -86,7 +86,7 @@ def scored(pop: Population, timed: list[GraphTiming]) -> tuple[Selector, Out]:
     return sel, out
 
 
-def expected_rate(sel: Selector, index: int, timing: GraphTiming) -> float | None:
+def expected_rate(sel: DecisionRankings, index: int, timing: GraphTiming) -> float | None:
     """``value_rate`` of the cohort the program's flat payload names, from the same rankings."""
     graph, info, t = GRAPHS[index], sel.infos[index], timing.duration_ns / 1e6
     active = sel.pop.active_age_price
