@@ -56,7 +56,7 @@ class ChoiceSet:
                 generation.submit()
             except BaseException:
                 for earlier in self.generations[:count]:
-                    _close_soon(earlier.withdraw())
+                    earlier.withdraw()
                 raise
         for generation in self.generations:
             generation.accepted()
@@ -157,8 +157,3 @@ async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
     # Once the body is read, the server's next message for this request is its disconnect.
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def _close_soon(closing: Awaitable[None]) -> None:
-    """Run a withdrawal's async close from the synchronous submit path."""
-    asyncio.ensure_future(closing)

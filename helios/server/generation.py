@@ -50,14 +50,12 @@ class Generation:
     def accepted(self) -> None:
         self.metrics.prompt_tokens.inc(len(self.request.prompt_token_ids))
 
-    async def withdraw(self) -> None:
+    def withdraw(self) -> None:
         """Take back a submitted request whose response was refused (another choice of it was): cancelled
-        in the engine, and neither counted nor logged, since the refusal is."""
+        in the engine, and neither counted nor logged, since the refusal is. Its iterator never started,
+        so there is nothing to close."""
         self._closed = True
         self.engine.cancel(self.request.request_id)
-        aclose = getattr(self._stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
         assert self._stream is not None, "submit() before deltas()"
