@@ -127,7 +127,11 @@ async def collect(choices: ChoiceSet, receive: Callable[[], Awaitable[dict]]) ->
     done, _ = await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
     if collector in done:
         watcher.cancel()
-        return collector.result()
+        try:
+            return collector.result()
+        except BaseException:  # every choice failed, or a fault of ours: none may stay in the engine
+            await choices.abandon()
+            raise
     collector.cancel()
     await asyncio.gather(collector, return_exceptions=True)  # its finally cancels the engine requests
     await choices.abandon()
