@@ -35,7 +35,8 @@ from starlette.responses import JSONResponse, Response
 from helios.runtime.engine_api import Engine, EngineUnavailable, GenerationFailed, RequestRejected
 from helios.server.auth import BearerAuth
 from helios.server.errors import ApiError, bad_request, cut, generation_failed, internal, model_not_found, too_large, unavailable
-from helios.server.generation import CLIENT_CLOSED, ClientGone, Generation, collect_text
+from helios.server.choices import ChoiceSet, ClientGone, collect
+from helios.server.generation import CLIENT_CLOSED, Generation
 from helios.server.metrics import DeliveryClock, ServerMetrics
 from helios.server.protocol import (
     ChatBody,
@@ -191,21 +192,21 @@ class _Routes:
         clock = DeliveryClock(self.server_metrics)
         request_id = f"{endpoint.id_prefix}-{uuid.uuid4().hex}"
         try:
-            generation, prepared = await self._admit(request, endpoint, clock, request_id)
+            choices, prepared = await self._admit(request, endpoint, clock, request_id)
         except ApiError as error:
             self._refused(request_id, endpoint, error.status, _refusal_outcome(error.status), clock)
             raise
         except Exception as exc:
             self._refused(request_id, endpoint, 500, "error", clock)
             return _server_fault(exc)
-        header = ResponseHeader(prepared.generation.request_id, int(time.time()), self.engine.model_name)
+        header = ResponseHeader(prepared.response_id, int(time.time()), self.engine.model_name)
         if prepared.stream:
-            return EventStreamResponse(stream_events(generation, endpoint.shape, header, prepared.include_usage), generation.abandon)
+            return EventStreamResponse(stream_events(choices, endpoint.shape, header, prepared.include_usage), choices.abandon)
         try:
-            return await self._respond_whole(request, generation, endpoint.shape, header)
+            return await self._respond_whole(request, choices, endpoint.shape, header)
         except ApiError:
             raise
-        except Exception as exc:  # the generation counted it as an error when its relay ended
+        except Exception as exc:  # the generations counted it as an error when their relays ended
             return _server_fault(exc)
 
     def _refused(self, request_id: str, endpoint: Endpoint, status: int, outcome: str, clock: DeliveryClock) -> None:
@@ -216,7 +217,7 @@ class _Routes:
                                         time.perf_counter() - clock.arrived))
 
     async def _admit(self, request: Request, endpoint: Endpoint, clock: DeliveryClock,
-                     request_id: str) -> tuple[Generation, PreparedRequest]:
+                     request_id: str) -> tuple[ChoiceSet, PreparedRequest]:
         raw = await _read_body(request, self.config.max_body_bytes)
         body = parse_body(raw, endpoint.body_type)
         limits = self._limits()
@@ -224,25 +225,32 @@ class _Routes:
             prepared = _prepare(endpoint, body, limits, request_id)
         else:  # tokenizing a long prompt takes milliseconds: keep it off the event loop
             prepared = await asyncio.to_thread(_prepare, endpoint, body, limits, request_id)
-        generation = Generation(self.engine, prepared.generation, self.server_metrics, endpoint.label, clock,
-                                stream=prepared.stream, log_requests=self.config.log_requests)
+        choices = self._choices(prepared, endpoint, clock)
         try:
-            generation.submit()
+            choices.submit()
         except RequestRejected as exc:
             raise bad_request(str(exc), exc.param, "rejected_by_engine") from None
         except EngineUnavailable as exc:
             raise unavailable(f"The server is not accepting requests: {exc}", exc.retry_after_s) from None
-        return generation, prepared
+        return choices, prepared
 
-    async def _respond_whole(self, request: Request, generation: Generation, shape: ResponseShape, header: ResponseHeader) -> Response:
+    def _choices(self, prepared: PreparedRequest, endpoint: Endpoint, clock: DeliveryClock) -> ChoiceSet:
+        """One generation per choice, each with its own clock from the request's arrival."""
+        generations = tuple(
+            Generation(self.engine, choice.generation, self.server_metrics, endpoint.label,
+                       clock if i == 0 else DeliveryClock(self.server_metrics, clock.arrived),
+                       stream=prepared.stream, log_requests=self.config.log_requests)
+            for i, choice in enumerate(prepared.choices))
+        return ChoiceSet(generations, tuple(c.prefix for c in prepared.choices), prepared.prompt_tokens)
+
+    async def _respond_whole(self, request: Request, choices: ChoiceSet, shape: ResponseShape, header: ResponseHeader) -> Response:
         try:
-            text = await collect_text(generation, request.receive)
+            results = await collect(choices, request.receive)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         except GenerationFailed as exc:
             raise generation_failed(exc) from None
-        assert generation.finish_reason is not None, "collect_text returns only finished generations"
-        return JSONResponse(shape.full(header, text, generation.finish_reason.value, generation.usage))
+        return JSONResponse(shape.full(header, results, choices.usage))
 
 
 def _prepare(endpoint: Endpoint, body, limits: ModelLimits, request_id: str) -> PreparedRequest:

@@ -11,21 +11,15 @@ line written (when ``log_requests``).
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from helios.runtime.engine_api import Engine, FinishReason, GenerationFailed, GenerationRequest, QueueTimeout, TextDelta
 from helios.server.metrics import FINISH_OUTCOMES, DeliveryClock, ServerMetrics
 from helios.server.request_log import FinishedRequest, log_request
-from helios.server.responses import Usage
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed request": nobody reads it, logs do
-
-
-class ClientGone(Exception):
-    """The client disconnected before a non-streamed response was ready."""
 
 
 @dataclass(slots=True)
@@ -46,14 +40,22 @@ class Generation:
     _closed: bool = False
 
     def submit(self) -> None:
-        """Hand the request to the engine; raises RequestRejected / EngineUnavailable at once."""
+        """Hand the request to the engine; raises RequestRejected / EngineUnavailable at once.
+
+        Its prompt tokens are counted by ``accepted`` once every choice of the response was submitted.
+        """
         self._stream = self.engine.submit(self.request)
         self.clock.handed_over()
+
+    def accepted(self) -> None:
         self.metrics.prompt_tokens.inc(len(self.request.prompt_token_ids))
 
-    @property
-    def usage(self) -> Usage:
-        return Usage(len(self.request.prompt_token_ids), self.completion_tokens)
+    def withdraw(self) -> None:
+        """Take back a submitted request whose response was refused (another choice of it was): cancelled
+        in the engine, and neither counted nor logged, since the refusal is. Its iterator never started,
+        so there is nothing to close."""
+        self._closed = True
+        self.engine.cancel(self.request.request_id)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
         assert self._stream is not None, "submit() before deltas()"
@@ -93,7 +95,6 @@ class Generation:
         if aclose is not None:
             await aclose()
 
-
     def _account(self, outcome: str) -> None:
         prompt_tokens = len(self.request.prompt_token_ids)
         self.metrics.finished(self.endpoint, outcome)
@@ -113,29 +114,3 @@ class Generation:
         if outcome == "cancelled":
             return CLIENT_CLOSED
         return 503 if isinstance(self._failure, QueueTimeout) else 500
-
-
-async def collect_text(generation: Generation, receive: Callable[[], Awaitable[dict]]) -> str:
-    """All of a generation's text, or ``ClientGone`` (after cancelling it) if the client leaves first."""
-    collector = asyncio.ensure_future(_join(generation))
-    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
-    done, _ = await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if collector in done:
-        watcher.cancel()
-        return collector.result()
-    collector.cancel()
-    await asyncio.gather(collector, return_exceptions=True)  # its finally cancels the engine request
-    raise ClientGone
-
-
-async def _join(generation: Generation) -> str:
-    parts = [delta.text async for delta in generation.deltas()]
-    if generation.finish_reason is None:
-        raise GenerationFailed("the engine ended the request without a finish reason")
-    return "".join(parts)
-
-
-async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
-    # Once the body is read, the server's next message for this request is its disconnect.
-    while (await receive())["type"] != "http.disconnect":
-        pass

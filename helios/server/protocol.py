@@ -12,8 +12,11 @@ values below -1 are refused, values above the vocabulary are clamped to it;
 ``seed`` is any 64-bit integer, signed or unsigned, and reaches the engine as
 the int64 with the same 64 bits (the program input is int64; the sampler
 reads the bits); ``max_tokens`` defaults to 16 for completions
-(OpenAI's default) and to the rest of the context for chat; ``n`` must be 1;
-fields that would change the output in ways the engine cannot honour
+(OpenAI's default) and to the rest of the context for chat, and
+``max_completion_tokens`` wins over it on both endpoints. ``n`` choices per
+prompt (at most ``MAX_N``) and lists of prompts become one
+``GenerationRequest`` per choice, in OpenAI's order (prompt-major), each with
+its own seed (``choice_seed``). Fields that would change the output in ways the engine cannot honour
 (logprobs, echo, suffix, penalties, logit_bias, tools, and the OpenAI and
 vLLM fields in ``UNHONOURED`` unless they carry the value that asks for
 nothing) are refused rather than silently ignored.
@@ -43,6 +46,9 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 SEED_RANGE = (-(2**63), 2**64 - 1)  # int64 or uint64; see _int64_seed
 MAX_ENDPOINTS = 8  # message boundaries reported per chat request (the latest ones)
+MAX_N = 16  # choices per prompt
+MAX_CHOICES = 256  # prompts x n per request: each choice is an engine request (--max-waiting's default)
+GOLDEN_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment (choice_seed)
 
 
 def _unicode_text(value: str) -> str:
@@ -76,7 +82,8 @@ class _GenerationBody(_Body):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = None
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    max_completion_tokens: int | None = None  # wins over max_tokens when both are given
     stop: Any = ()  # normalised to a tuple of strings by _stop
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -113,19 +120,30 @@ class CompletionBody(_GenerationBody):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _prompt(cls, value: Any) -> str | tuple[int, ...]:
-        # A one-element batch is accepted as that prompt; several prompts are not supported.
-        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-            value = value[0]
-        if isinstance(value, str):
-            if not value:
-                raise ValueError("must not be empty")
-            return _unicode_text(value)
-        if isinstance(value, list) and value and all(type(t) is int for t in value):
-            return tuple(value)
-        if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
-            raise ValueError("one prompt per request is supported; send the prompts as separate requests")
-        raise ValueError("must be a non-empty string or a non-empty list of token ids")
+    def _prompt(cls, value: Any) -> tuple[str | tuple[int, ...], ...]:
+        """The prompts: one string or one list of token ids, or a list of those (a batch, answered in order)."""
+        if isinstance(value, str) or _is_token_ids(value):
+            return (_one_prompt(value, None),)
+        if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+            if len(value) > MAX_CHOICES:
+                raise ValueError(f"at most {MAX_CHOICES} prompts per request, got {len(value)}")
+            return tuple(_one_prompt(p, i) for i, p in enumerate(value))
+        raise ValueError("must be a non-empty string, a non-empty list of token ids, or a non-empty list of those")
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+def _one_prompt(value: Any, index: int | None) -> str | tuple[int, ...]:
+    where = "" if index is None else f"prompt {index} "
+    if isinstance(value, str):
+        if not value:
+            raise ValueError(f"{where}must not be empty")
+        return _unicode_text(value)
+    if _is_token_ids(value):
+        return tuple(value)
+    raise ValueError(f"{where}must be a non-empty string or a non-empty list of token ids")
 
 
 class ChatMessage(_Body):
@@ -152,7 +170,7 @@ def _text_part(part: Any) -> str:
 
 class ChatBody(_GenerationBody):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    echo: bool | None = False  # vLLM's: the final message's content starts each choice's answer (see _echoed)
     add_generation_prompt: bool | None = None  # default true, false with continue_final_message
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # further template variables, e.g. enable_thinking
@@ -264,10 +282,21 @@ def _shown(value: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Choice:
+    """One choice of a response and the engine request that produces it."""
+
+    index: int  # its place in ``choices``: prompt-major, then choice (OpenAI's order)
+    generation: GenerationRequest
+    prefix: str = ""  # text the answer shows before the generated text (chat's echo)
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedRequest:
     """A validated request: what to ask the engine, and how to answer the client."""
 
-    generation: GenerationRequest
+    response_id: str
+    choices: tuple[Choice, ...]
+    prompt_tokens: int  # usage's prompt_tokens: each prompt once, however many choices it has
     stream: bool
     include_usage: bool
 
@@ -281,21 +310,43 @@ class ModelLimits:
     tokenizer: EngineTokenizer
 
 
+@dataclass(frozen=True, slots=True)
+class PromptPlan:
+    """One prompt, ready to submit n times."""
+
+    ids: tuple[int, ...]
+    max_tokens: int
+    endpoints: tuple[int, ...] = ()
+    prefix: str = ""
+
+
 def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
+    n = body.n or 1
     _refuse_if(body.logprobs is not None, "logprobs", "log probabilities are not supported by this server")
     _refuse_if(bool(body.echo), "echo", "echoing the prompt is not supported by this server")
     _refuse_if(body.suffix is not None, "suffix", "suffixes (insertion) are not supported by this server")
-    _refuse_if(body.best_of not in (None, 1), "best_of", f"must be 1, this server generates one choice per request (got {body.best_of})")
-    prompt = body.prompt
+    if body.best_of is not None and body.best_of < n:
+        raise bad_request(f"Invalid 'best_of': must be at least n ({n}), got {body.best_of}.", "best_of", "invalid_value")
+    _refuse_if(body.best_of not in (None, n), "best_of", f"must equal n ({n}): this server returns every choice it "
+               f"generates and does not rank them (got {body.best_of})")
+    if len(body.prompt) * n > MAX_CHOICES:
+        raise bad_request(f"Invalid 'n': {len(body.prompt)} prompts x n={n} is {len(body.prompt) * n} choices, more "
+                          f"than the {MAX_CHOICES} a request may ask for.", "n", "invalid_value")
+    param = "prompt" if len(body.prompt) == 1 else "prompt.{}"
+    plans = [_completion_plan(prompt, param.format(i), body, limits) for i, prompt in enumerate(body.prompt)]
+    return _prepared(body, limits, request_id, plans)
+
+
+def _completion_plan(prompt: str | tuple[int, ...], param: str, body: CompletionBody, limits: ModelLimits) -> PromptPlan:
     if isinstance(prompt, str):
-        _check_text_fits(prompt, "prompt", limits)
+        _check_text_fits(prompt, param, limits)
         ids = tuple(limits.tokenizer.encode(prompt, add_special_tokens=True))
     else:
-        ids = _checked_token_ids(prompt, limits.tokenizer.vocab_size)
-    _check_prompt_fits(len(ids), "prompt", limits)
-    max_tokens = _max_tokens(body.max_tokens, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, len(ids), limits.context_length)
-    return _prepared(body, limits, request_id, ids, max_tokens, ())
+        ids = _checked_token_ids(prompt, param, limits.tokenizer.vocab_size)
+    _check_prompt_fits(len(ids), param, limits)
+    asked, which = _asked_max_tokens(body)
+    return PromptPlan(ids, _max_tokens(asked, which, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), limits.context_length))
 
 
 def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
@@ -306,22 +357,34 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
     _refuse_if(body.continue_final_message and body.add_generation_prompt is True, "continue_final_message",
                "cannot continue the final message and also open a new one: leave add_generation_prompt out or false")
     kwargs = body.chat_template_kwargs or None
-    ids = _render_chat(messages, limits, add_generation_prompt=body.add_generation_prompt is not False
-                       and not body.continue_final_message, continue_final=body.continue_final_message,
+    opens_turn = body.add_generation_prompt is not False and not body.continue_final_message
+    ids = _render_chat(messages, limits, add_generation_prompt=opens_turn, continue_final=body.continue_final_message,
                        template_kwargs=kwargs)
     _check_prompt_fits(len(ids), "messages", limits)
-    param, asked = ("max_completion_tokens", body.max_completion_tokens)
-    if asked is None:
-        param, asked = ("max_tokens", body.max_tokens)
-    max_tokens = _max_tokens(asked, param, limits.context_length - len(ids), len(ids), limits.context_length)
-    return _prepared(body, limits, request_id, ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer,
-                                                                                      kwargs))
+    asked, which = _asked_max_tokens(body)
+    max_tokens = _max_tokens(asked, which, limits.context_length - len(ids), len(ids), limits.context_length)
+    prefix = _echoed(messages, opens_turn) if body.echo else ""
+    plan = PromptPlan(ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer, kwargs), prefix)
+    return _prepared(body, limits, request_id, [plan])
+
+
+def _echoed(messages: list[dict[str, str]], opens_turn: bool) -> str:
+    """What ``echo`` puts before a chat answer, as vLLM does: the final message's content when the answer
+    continues that message's role (a new assistant turn continues only an assistant message)."""
+    final = messages[-1]
+    return final["content"] if not opens_turn or final["role"] == "assistant" else ""
+
+
+def _asked_max_tokens(body: _GenerationBody) -> tuple[int | None, str]:
+    """The output bound the client asked for and the field it came from: ``max_completion_tokens`` wins."""
+    if body.max_completion_tokens is not None:
+        return body.max_completion_tokens, "max_completion_tokens"
+    return body.max_tokens, "max_tokens"
 
 
 def _check_common(body: _GenerationBody, limits: ModelLimits) -> None:
     if body.model != limits.model_name:
         raise model_not_found(body.model, limits.model_name)
-    _refuse_if(body.n not in (None, 1), "n", f"must be 1, this server generates one choice per request (got {body.n})")
     _refuse_if(body.stream_options is not None and not body.stream, "stream_options", "only allowed when stream is true")
     for name in ("presence_penalty", "frequency_penalty"):
         _refuse_if(getattr(body, name) not in (None, 0.0), name, f"penalties are not supported by this server (only 0), got {getattr(body, name)}")
@@ -333,10 +396,10 @@ def _refuse_if(condition: bool, param: str, message: str) -> None:
         raise bad_request(f"Unsupported '{param}': {message}.", param, "unsupported_parameter")
 
 
-def _checked_token_ids(ids: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
+def _checked_token_ids(ids: tuple[int, ...], param: str, vocab_size: int) -> tuple[int, ...]:
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise bad_request(f"Invalid 'prompt': token id {bad} is outside the vocabulary [0, {vocab_size}).", "prompt", "invalid_value")
+        raise bad_request(f"Invalid '{param}': token id {bad} is outside the vocabulary [0, {vocab_size}).", param, "invalid_value")
     return ids
 
 
@@ -418,17 +481,47 @@ def _max_tokens(asked: int | None, param: str, default: int, prompt_tokens: int,
     return asked
 
 
-def _prepared(body: _GenerationBody, limits: ModelLimits, request_id: str, ids: tuple[int, ...], max_tokens: int,
-              endpoints: tuple[int, ...]) -> PreparedRequest:
-    sampling = SamplingParams(
+def _prepared(body: _GenerationBody, limits: ModelLimits, request_id: str, plans: list[PromptPlan]) -> PreparedRequest:
+    """``n`` engine requests per prompt, prompt-major; one choice keeps the response's id as its request id."""
+    n = body.n or 1
+    single = len(plans) * n == 1
+    choices = []
+    for p, plan in enumerate(plans):
+        for j in range(n):
+            index = p * n + j
+            rid = request_id if single else f"{request_id}-{index}"
+            generation = GenerationRequest(rid, plan.ids, plan.max_tokens, _sampling(body, limits, j), body.stop,
+                                           plan.endpoints)
+            choices.append(Choice(index, generation, plan.prefix))
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    return PreparedRequest(request_id, tuple(choices), sum(len(plan.ids) for plan in plans), bool(body.stream),
+                           include_usage)
+
+
+def _sampling(body: _GenerationBody, limits: ModelLimits, choice: int) -> SamplingParams:
+    return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=None if body.top_k is None else min(body.top_k, limits.tokenizer.vocab_size),  # a wider cut cuts nothing
-        seed=None if body.seed is None else _int64_seed(body.seed),
+        seed=None if body.seed is None else choice_seed(_int64_seed(body.seed), choice),
     )
-    generation = GenerationRequest(request_id, ids, max_tokens, sampling, body.stop, endpoints)
-    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    return PreparedRequest(generation, bool(body.stream), include_usage)
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed of a prompt's choice number ``choice`` when the request's (int64) seed is ``seed``.
+
+    Choice 0 keeps the seed itself, so it is the answer the same request with
+    ``n: 1`` gets; choice j > 0 gets SplitMix64's output for ``seed + j x
+    0x9E3779B97F4A7C15`` (mod 2**64), as the int64 with the same bits. The
+    choice number counts within one prompt, so a prompt answers the same in a
+    batch as alone.
+    """
+    if choice == 0:
+        return seed
+    z = (seed + choice * GOLDEN_GAMMA) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return _int64_seed(z ^ (z >> 31))
 
 
 def _int64_seed(seed: int) -> int:

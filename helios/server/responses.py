@@ -2,12 +2,29 @@
 
 One ``ResponseShape`` per endpoint knows its ``object`` names and where the
 text goes (``text`` for completions, ``message`` / ``delta`` for chat); the
-rest (ids, ``created``, ``model``, ``usage``) is common.
+rest (ids, ``created``, ``model``, ``usage``) is common. Every choice and
+chunk carries its choice's ``index``; a choice the engine failed while others
+of its response did not has ``finish_reason: "error"`` and an ``error``
+object in OpenAI's error shape.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceResult:
+    """One choice of a whole (non-streamed) response."""
+
+    index: int
+    text: str
+    finish_reason: str
+    error: dict | None = None  # {"message", "type", "param", "code"} of a choice that failed alone
+
+    def body(self, content: dict) -> dict:
+        """The choice with ``content`` (its ``text``, or its ``message``)."""
+        return {"index": self.index, **content, "logprobs": None, "finish_reason": self.finish_reason} | _error(self.error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,18 +53,19 @@ class ResponseHeader:
 
 @dataclass(frozen=True, slots=True)
 class CompletionShape:
-    """``/v1/completions``: ``text_completion`` objects, text in ``choices[0].text``."""
+    """``/v1/completions``: ``text_completion`` objects, text in ``choices[i].text``."""
 
-    def full(self, header: ResponseHeader, text: str, finish_reason: str, usage: Usage) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return _envelope(header, "text_completion", [choice]) | {"usage": usage.body()}
+    def full(self, header: ResponseHeader, results: list[ChoiceResult], usage: Usage) -> dict:
+        choices = [r.body({"text": r.text}) for r in results]
+        return _envelope(header, "text_completion", choices) | {"usage": usage.body()}
 
-    def first_chunk(self, header: ResponseHeader) -> dict | None:
+    def first_chunk(self, header: ResponseHeader, index: int) -> dict | None:
         return None  # completions streams have no role preamble
 
-    def chunk(self, header: ResponseHeader, text: str, finish_reason: str | None) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return _envelope(header, "text_completion", [choice])
+    def chunk(self, header: ResponseHeader, index: int, text: str, finish_reason: str | None,
+              error: dict | None = None) -> dict:
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return _envelope(header, "text_completion", [choice | _error(error)])
 
     def usage_chunk(self, header: ResponseHeader, usage: Usage) -> dict:
         return _envelope(header, "text_completion", []) | {"usage": usage.body()}
@@ -57,24 +75,25 @@ class CompletionShape:
 class ChatShape:
     """``/v1/chat/completions``: ``chat.completion`` bodies and ``chat.completion.chunk`` deltas."""
 
-    def full(self, header: ResponseHeader, text: str, finish_reason: str, usage: Usage) -> dict:
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-        return _envelope(header, "chat.completion", [choice]) | {"usage": usage.body()}
+    def full(self, header: ResponseHeader, results: list[ChoiceResult], usage: Usage) -> dict:
+        choices = [r.body({"message": {"role": "assistant", "content": r.text}}) for r in results]
+        return _envelope(header, "chat.completion", choices) | {"usage": usage.body()}
 
-    def first_chunk(self, header: ResponseHeader) -> dict | None:
-        # OpenAI opens a chat stream with the role and empty content.
-        return self._chunk(header, {"role": "assistant", "content": ""}, None)
+    def first_chunk(self, header: ResponseHeader, index: int) -> dict | None:
+        # OpenAI opens each choice of a chat stream with the role and empty content.
+        return self._chunk(header, index, {"role": "assistant", "content": ""}, None)
 
-    def chunk(self, header: ResponseHeader, text: str, finish_reason: str | None) -> dict:
-        return self._chunk(header, {"content": text} if text else {}, finish_reason)
+    def chunk(self, header: ResponseHeader, index: int, text: str, finish_reason: str | None,
+              error: dict | None = None) -> dict:
+        return self._chunk(header, index, {"content": text} if text else {}, finish_reason, error)
 
     def usage_chunk(self, header: ResponseHeader, usage: Usage) -> dict:
         return _envelope(header, "chat.completion.chunk", []) | {"usage": usage.body()}
 
-    def _chunk(self, header: ResponseHeader, delta: dict, finish_reason: str | None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return _envelope(header, "chat.completion.chunk", [choice])
+    def _chunk(self, header: ResponseHeader, index: int, delta: dict, finish_reason: str | None,
+               error: dict | None = None) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return _envelope(header, "chat.completion.chunk", [choice | _error(error)])
 
 
 ResponseShape = CompletionShape | ChatShape
@@ -82,3 +101,7 @@ ResponseShape = CompletionShape | ChatShape
 
 def _envelope(header: ResponseHeader, obj: str, choices: list[dict]) -> dict:
     return {"id": header.id, "object": obj, "created": header.created, "model": header.model, "choices": choices}
+
+
+def _error(error: dict | None) -> dict:
+    return {} if error is None else {"error": error}

@@ -9,7 +9,9 @@ in a long prefill) is noticed at once; and whatever ends the response, its
 
 Usage rides only on a final chunk with empty ``choices``, and only when the
 client asked with ``stream_options.include_usage``; every earlier chunk then
-carries ``"usage": null``, as OpenAI's do.
+carries ``"usage": null``, as OpenAI's do. With several choices (``n``, a
+list of prompts) their chunks interleave as they are produced, each naming its
+choice's ``index``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from helios.runtime.engine_api import GenerationFailed
+from helios.server.choices import ERROR_FINISH, ChoiceSet
 from helios.server.errors import generation_failed
-from helios.server.generation import Generation
 from helios.server.responses import ResponseHeader, ResponseShape
 
 DONE = b"data: [DONE]\n\n"
@@ -60,23 +61,33 @@ class EventStreamResponse(StreamingResponse):
         scope.cancel()
 
 
-async def stream_events(generation: Generation, shape: ResponseShape, header: ResponseHeader, include_usage: bool) -> AsyncIterator[bytes]:
-    """The whole event stream of one request; an engine failure becomes an error event."""
+async def stream_events(choices: ChoiceSet, shape: ResponseShape, header: ResponseHeader, include_usage: bool) -> AsyncIterator[bytes]:
+    """The whole event stream of one response: every choice's chunks as they come, tagged with its index,
+    then the usage (summed over the choices) and ``[DONE]`` once. A choice the engine fails ends with a
+    ``finish_reason: "error"`` chunk while others run on; when every choice failed, an error event
+    (what a single request's failure gives) replaces the usage chunk."""
 
     def framed(body: dict) -> bytes:
         return event(body | {"usage": None} if include_usage else body)
 
-    first = shape.first_chunk(header)
-    if first is not None:
-        yield framed(first)
-    try:
-        async for delta in generation.deltas():
-            reason = delta.finish_reason.value if delta.finish_reason else None
-            if delta.text or reason:
-                yield framed(shape.chunk(header, delta.text, reason))
-    except GenerationFailed as exc:
-        yield event(generation_failed(exc).body())
-    else:
-        if include_usage:
-            yield event(shape.usage_chunk(header, generation.usage))
+    for index, prefix in enumerate(choices.prefixes):
+        first = shape.first_chunk(header, index)
+        if first is not None:
+            yield framed(first)
+        if prefix:  # chat's echo, as vLLM sends it: one chunk after the role
+            yield framed(shape.chunk(header, index, prefix, None))
+    async for item in choices.events():
+        if item.failure is not None:
+            if not choices.all_failed:
+                error = generation_failed(item.failure).body()["error"]
+                yield framed(shape.chunk(header, item.index, "", ERROR_FINISH, error))
+            continue
+        delta = item.delta
+        reason = delta.finish_reason.value if delta.finish_reason else None
+        if delta.text or reason:
+            yield framed(shape.chunk(header, item.index, delta.text, reason))
+    if choices.all_failed:
+        yield event(generation_failed(choices.first_failure()).body())
+    elif include_usage:
+        yield event(shape.usage_chunk(header, choices.usage))
     yield DONE

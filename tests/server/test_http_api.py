@@ -174,9 +174,15 @@ def test_top_k_minus_one_and_nulls_mean_defaults(served):
 
 
 def test_unknown_fields_are_ignored(served):
+    # OpenAI's bookkeeping fields, which cannot change the output (docs/http-api.md: "no effect"), and a made-up one
+    bookkeeping = {"user": "someone", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+                   "safety_identifier": "abc", "prompt_cache_key": "key", "parallel_tool_calls": True}
     with served.client() as client:
-        response = client.post("/v1/completions", json=_completion("hi", user="someone", frobnicate={"x": 1}))
+        response = client.post("/v1/completions", json=_completion("hi", frobnicate={"x": 1}, **bookkeeping))
+        chat = client.post("/v1/chat/completions", json={"model": "fake-model", "messages": [
+            {"role": "user", "content": "hi"}], **bookkeeping})
     assert response.status_code == 200 and response.json()["choices"][0]["text"] == "hi"
+    assert chat.status_code == 200, chat.text
 
 
 def test_openai_client_non_stream(served):
@@ -274,7 +280,15 @@ BAD_REQUESTS = [
     ("/v1/completions", OK_COMPLETION | {"stream": "yes"}, 400, "stream"),
     ("/v1/completions", OK_COMPLETION | {"prompt": 42}, 400, "prompt"),
     ("/v1/completions", OK_COMPLETION | {"prompt": ""}, 400, "prompt"),
-    ("/v1/completions", OK_COMPLETION | {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": ["a", ""]}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": ["a", [104, True]]}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": []}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": ["a"] * 257}, 400, "prompt"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": ["a", "x" * 200]}, 400, "prompt.1"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": ["a", [104, 999]]}, 400, "prompt.1"),
+    ("/v1/completions", OK_COMPLETION | {"prompt": ["a"] * 17, "n": 16}, 400, "n"),
+    ("/v1/completions", OK_COMPLETION | {"n": 2, "best_of": 1}, 400, "best_of"),
+    ("/v1/completions", OK_COMPLETION | {"n": 2, "best_of": 3}, 400, "best_of"),
     ("/v1/completions", OK_COMPLETION | {"prompt": [104, 999]}, 400, "prompt"),
     ("/v1/completions", OK_COMPLETION | {"stop": 5}, 400, "stop"),
     ("/v1/completions", OK_COMPLETION | {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
@@ -299,11 +313,21 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", OK_CHAT | {"top_p": 1.5}, 400, "top_p"),
     ("/v1/chat/completions", OK_CHAT | {"top_k": 0}, 400, "top_k"),
     ("/v1/chat/completions", OK_CHAT | {"top_k": -2}, 400, "top_k"),
-    ("/v1/chat/completions", OK_CHAT | {"n": 2}, 400, "n"),
+    ("/v1/chat/completions", OK_CHAT | {"n": 0}, 400, "n"),
+    ("/v1/chat/completions", OK_CHAT | {"n": 17}, 400, "n"),
+    ("/v1/chat/completions", OK_CHAT | {"n": 2.0}, 400, "n"),
+    ("/v1/completions", OK_COMPLETION | {"max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("/v1/chat/completions", OK_CHAT | {"echo": "yes"}, 400, "echo"),
     ("/v1/chat/completions", OK_CHAT | {"stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("/v1/chat/completions", OK_CHAT | {"logprobs": True}, 400, "logprobs"),
     ("/v1/completions", OK_COMPLETION | {"echo": True}, 400, "echo"),
     ("/v1/completions", OK_COMPLETION | {"presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("/v1/chat/completions", OK_CHAT | {"frequency_penalty": -0.5}, 400, "frequency_penalty"),
+    ("/v1/completions", OK_COMPLETION | {"logit_bias": {"104": 5}}, 400, "logit_bias"),
+    ("/v1/completions", OK_COMPLETION | {"logprobs": 1}, 400, "logprobs"),
+    ("/v1/chat/completions", OK_CHAT | {"top_logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", OK_COMPLETION | {"suffix": "end"}, 400, "suffix"),
+    ("/v1/chat/completions", OK_CHAT | {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ("/v1/completions", OK_COMPLETION | {"seed": 2**70}, 400, "seed"),
     ("/v1/completions", _completion(LONG), 400, "prompt"),
     ("/v1/chat/completions", _chat(LONG), 400, "messages"),
