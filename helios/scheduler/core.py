@@ -176,8 +176,12 @@ class Frame:
     terms: dict[tuple[int, int], tuple[float, float, float, bool]] = field(default_factory=dict)
 
     @classmethod
-    def submitted(cls, fence, plan, states, normalizer, end_ns, queued, adaptation_ms) -> "Frame":
-        """The frame of ``plan``, whose participants are the live requests ``states``."""
+    def submitted(cls, fence, plan, states, normalizer, end_ns, queued, adaptation_ms,
+                  prompt_weight: float = 1.0) -> "Frame":
+        """The frame of ``plan``, whose participants are the live requests ``states``.
+
+        ``prompt_weight``: what a prompt token adds to the token rate (``PolicyConfig.prompt_service_weight``).
+        """
         participants = tuple(state.handle for state in states)
         lanes = {lane.handle: lane for lane in plan.lanes}
         duration_ms = max(plan.estimated_duration_ns, 1) / 1e6
@@ -187,7 +191,7 @@ class Frame:
         for state in states:
             lane = lanes.get(state.handle)
             if lane is not None:
-                tokens = lane.expected_tokens + lane.prompt_tokens
+                tokens = lane.expected_tokens + lane.prompt_tokens * prompt_weight
                 deliveries = 1.0 if lane.phase is LanePhase.DECODE else 0.0
                 terms[state.key] = (rest * tokens / duration_ms, rest * deliveries / duration_ms,
                                 deliveries / duration_ms, deliveries > 0)
@@ -553,7 +557,7 @@ class Scheduler:
             gains=[s.gains for s in states],
             estimates=[s.estimates for s in states],
         )
-        prm = pol.Prompters()
+        prm = pol.Prompters(times=self._timing.prefill_times(timings) if policy.prompt_chunk_share else None)
         for s, room in prompting:
             handle, x = s.handle, s.service.token_rate
             for terms, decay, _ in frames:
@@ -630,7 +634,7 @@ class Scheduler:
             self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
         self._frames.append(
             Frame.submitted(fence, plan, states, normalizer, start_ns + plan.estimated_duration_ns, queued,
-                            self.policy.adaptation_ms)
+                            self.policy.adaptation_ms, self.policy.prompt_service_weight)
         )
         self._last_fence = fence
 
@@ -761,7 +765,11 @@ class Scheduler:
         state = self._lookup(handle)
         if state is None or state.cancelled:
             return None
-        return state.prompt_done + state.produced
+        return self._served_units(state)
+
+    def _served_units(self, state: RequestState) -> float:
+        """The committed counters as token-rate service: prompt tokens weighted (PolicyConfig.prompt_service_weight)."""
+        return state.prompt_done * self.policy.prompt_service_weight + state.produced
 
     def _apply_lane(self, state, lane, plan, record, fence, sidecar=None) -> GeneratedToken | None:
         state.inflight -= 1
@@ -823,7 +831,7 @@ class Scheduler:
             state = self._lookup(handle)
             if start is None or state is None or state.cancelled:
                 continue
-            served = state.prompt_done + state.produced - start
+            served = self._served_units(state) - start
             state.service.record_interval(frame.fence, served, interval_ms, self.policy.adaptation_ms)
 
     # -- publication ------------------------------------------------------------

@@ -27,6 +27,7 @@ from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind
 from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle, SelectionReason
 from helios.scheduler.utility import (
     AdaptiveLane,
+    PrefillTimes,
     RankedLanes,
     adaptive_orderings,
     best_adaptive_cohort,
@@ -35,6 +36,7 @@ from helios.scheduler.utility import (
     decision_log_scale,
     decode_lane_value,
     optimistic_work_score,
+    prompt_chunk_value,
     value_rate,
 )
 
@@ -95,6 +97,8 @@ class Prompters:
     to_endpoint  tokens up to the next message/system endpoint or the prompt end
     price        1 + f/x
     first_token  value of the one output token a finishing prompt can publish
+    times        the catalog's least known prefill times (``utility.PrefillTimes``) for the chunk share
+                 of ``utility.prompt_chunk_value``; None: a chunk earns its tokens (the spec's U13 text)
     """
 
     handle: list[RequestHandle] = field(default_factory=list)
@@ -104,6 +108,7 @@ class Prompters:
     price: list[float] = field(default_factory=list)
     first_token: list[float] = field(default_factory=list)
     recency: list[int] = field(default_factory=list)
+    times: PrefillTimes | None = None
 
     def __len__(self) -> int:
         return len(self.handle)
@@ -516,9 +521,14 @@ class _Selector:
                 ranking = self.prompt_rankings[capacity] = self.prompt_rankings.setdefault(None, (RankedLanes([]), []))
                 return ranking
             tokens = [r if r < capacity else capacity for r in p.remaining]  # min(capacity, r)
-            # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes
-            values = [t * price + (first if t == left else 0.0)
-                      for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
+            # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes;
+            # with prefill times, a chunk that leaves prompt behind earns its share (prompt_chunk_value)
+            if p.times is None:
+                values = [t * price + (first if t == left else 0.0)
+                          for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
+            else:
+                values = [prompt_chunk_value(t, left, price, first, p.times)
+                          for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
             # most prompt programs read only the best row (``top``): the prefix sums wait for a wider one
             ranking = (RankedLanes.rank(values, None if self.prompters_lru else p.recency, lazy=True), tokens)
             self.prompt_rankings[capacity] = ranking

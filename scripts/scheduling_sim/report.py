@@ -23,9 +23,10 @@ import json
 import math
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from helios.scheduler.config import CHOICE_FIELDS, PolicyConfig
 from helios.sim.files import SimulationFileError, load_catalog
 from helios.sim.simulator import simulate
 from scripts.scheduling_sim.baselines import baseline_specs
@@ -74,6 +75,14 @@ class Job:
     scale: Scale
     workload: str
     slo: Slo
+    policy: tuple[tuple[str, float], ...] = ()  # --helios-policy overrides
+
+
+def with_policy(trace, policy: tuple[tuple[str, float], ...]):
+    """``trace`` with PolicyConfig fields overridden for Helios (knock-out experiments)."""
+    if not policy:
+        return trace
+    return replace(trace, policy=replace(trace.policy, **dict(policy)))
 
 
 def run_job(job: Job) -> dict[str, Metrics]:
@@ -81,7 +90,7 @@ def run_job(job: Job) -> dict[str, Metrics]:
     catalog = load_catalog(job.catalog)
     shapes = Shapes(catalog)
     workload = next(w for w in build_workloads(shapes, job.seed, job.scale) if w.name == job.workload)
-    results = {HELIOS: simulate(catalog, workload.trace)}
+    results = {HELIOS: simulate(catalog, with_policy(workload.trace, job.policy))}
     for spec in baseline_specs(shapes):
         results[spec.name] = run(catalog, workload.trace, spec.build(shapes), workload.clients)
     windows = {"fairness_window_ms": job.scale.fairness_window_ms, "service_window_ms": job.scale.service_window_ms}
@@ -90,10 +99,11 @@ def run_job(job: Job) -> dict[str, Metrics]:
     }
 
 
-def run_all(catalog: str, seeds: int, scale: Scale, slo: Slo, jobs: int) -> dict[str, dict[str, list[Metrics]]]:
+def run_all(catalog: str, seeds: int, scale: Scale, slo: Slo, jobs: int,
+            policy: tuple[tuple[str, float], ...] = ()) -> dict[str, dict[str, list[Metrics]]]:
     """workload -> scheduler -> one Metrics per seed."""
     names = [w.name for w in build_workloads(Shapes(load_catalog(catalog)), 0, scale)]
-    work = [Job(catalog, seed, scale, name, slo) for seed in range(seeds) for name in names]
+    work = [Job(catalog, seed, scale, name, slo, policy) for seed in range(seeds) for name in names]
     table: dict[str, dict[str, list[Metrics]]] = {name: {} for name in names}
     with ProcessPoolExecutor(jobs) if jobs > 1 else _InProcess() as pool:
         for index, (job, output) in enumerate(zip(work, pool.map(run_job, work)), start=1):
@@ -109,20 +119,24 @@ class CapacityJob:
     scale: Scale
     workload: str
     scheduler: str
+    policy: tuple[tuple[str, float], ...] = ()
 
 
 def run_capacity_job(job: CapacityJob) -> CapacityRow:
     catalog = load_catalog(job.catalog)
     workload = next(w for w in build_workloads(Shapes(catalog), job.seed, job.scale) if w.name == job.workload)
+    if job.scheduler == HELIOS:
+        workload = replace(workload, trace=with_policy(workload.trace, job.policy))
     return measure_capacity(catalog, workload, job.scheduler)
 
 
-def run_capacity(catalog: str, seeds: int, scale: Scale, jobs: int) -> dict[str, dict[str, list[CapacityRow]]]:
+def run_capacity(catalog: str, seeds: int, scale: Scale, jobs: int,
+                 policy: tuple[tuple[str, float], ...] = ()) -> dict[str, dict[str, list[CapacityRow]]]:
     """workload -> scheduler -> one CapacityRow per seed (only workloads with an arrival process to scale)."""
     shapes = Shapes(load_catalog(catalog))
     names = [w.name for w in capacity_workloads(build_workloads(shapes, 0, scale))]
     schedulers = [HELIOS, *(spec.name for spec in baseline_specs(shapes))]
-    work = [CapacityJob(catalog, seed, scale, name, who) for seed in range(seeds) for name in names
+    work = [CapacityJob(catalog, seed, scale, name, who, policy) for seed in range(seeds) for name in names
             for who in schedulers]
     table: dict[str, dict[str, list[CapacityRow]]] = {name: {} for name in names}
     with ProcessPoolExecutor(jobs) if jobs > 1 else _InProcess() as pool:
@@ -413,6 +427,22 @@ def parse_slo(items: list[str]) -> Slo:
     return Slo(**limits)
 
 
+def parse_policy(items: list[str]) -> tuple[tuple[str, float], ...]:
+    """``FIELD=VALUE`` pairs naming PolicyConfig fields; checked by building the config once."""
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in {f.name for f in fields(PolicyConfig)}:
+            raise ValueError(f"--helios-policy {item!r}: expected FIELD=VALUE with a PolicyConfig field")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--helios-policy {item!r}: {value!r} is not a number") from None
+        pairs.append((name, int(number) if number.is_integer() and name in CHOICE_FIELDS else number))
+    replace(PolicyConfig(), **dict(pairs))  # an out-of-range value fails here, with PolicyConfig's message
+    return tuple(pairs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.scheduling_sim.report", description=__doc__.split("\n")[0])
     parser.add_argument("--catalog", help="synthetic catalog YAML (docs/simulation.md); required unless --from-results")
@@ -423,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--goodput", nargs="*", default=["ttft:250", "tpot:25"], help="SLOs, e.g. ttft:250 tpot:25")
     parser.add_argument("--capacity-seeds", type=int, default=1,
                         help="seeds of the capacity-under-SLO search (default 1; 0 skips it)")
+    parser.add_argument("--helios-policy", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help="PolicyConfig fields for Helios, e.g. token_rate_by_value=0 (knock-out experiments)")
     parser.add_argument("--from-results", help="re-render report.md and the plots from an earlier results.json")
     args = parser.parse_args(argv)
     command = "python -m scripts.scheduling_sim.report " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -461,11 +493,12 @@ def _load_or_run(args: argparse.Namespace, command: str) -> Results:
     if not args.catalog:
         raise ValueError("give --catalog SYNTHETIC_CATALOG.yaml (or --from-results results.json)")
     slo = parse_slo(args.goodput)
+    policy = parse_policy(args.helios_policy)
     load_catalog(args.catalog)  # a bad catalog fails here, with one line, before any worker starts
     seeds, scale = (1, QUICK) if args.quick else (args.seeds, Scale())
-    table = run_all(args.catalog, seeds, scale, slo, args.jobs)
+    table = run_all(args.catalog, seeds, scale, slo, args.jobs, policy)
     capacity_seeds = min(args.capacity_seeds, 1) if args.quick else args.capacity_seeds
-    capacity = run_capacity(args.catalog, capacity_seeds, scale, args.jobs) if capacity_seeds > 0 else {}
+    capacity = run_capacity(args.catalog, capacity_seeds, scale, args.jobs, policy) if capacity_seeds > 0 else {}
     return Results(command, table, capacity, decode_step_ms(Shapes(load_catalog(args.catalog))))
 
 
