@@ -76,6 +76,7 @@ class Job:
     workload: str
     slo: Slo
     policy: tuple[tuple[str, float], ...] = ()  # --helios-policy overrides
+    baselines: bool = True  # False: Helios only (--baselines-from supplies the rest)
 
 
 def with_policy(trace, policy: tuple[tuple[str, float], ...]):
@@ -91,7 +92,7 @@ def run_job(job: Job) -> dict[str, Metrics]:
     shapes = Shapes(catalog)
     workload = next(w for w in build_workloads(shapes, job.seed, job.scale) if w.name == job.workload)
     results = {HELIOS: simulate(catalog, with_policy(workload.trace, job.policy))}
-    for spec in baseline_specs(shapes):
+    for spec in baseline_specs(shapes) if job.baselines else ():
         results[spec.name] = run(catalog, workload.trace, spec.build(shapes), workload.clients)
     windows = {"fairness_window_ms": job.scale.fairness_window_ms, "service_window_ms": job.scale.service_window_ms}
     return {
@@ -100,10 +101,10 @@ def run_job(job: Job) -> dict[str, Metrics]:
 
 
 def run_all(catalog: str, seeds: int, scale: Scale, slo: Slo, jobs: int,
-            policy: tuple[tuple[str, float], ...] = ()) -> dict[str, dict[str, list[Metrics]]]:
-    """workload -> scheduler -> one Metrics per seed."""
+            policy: tuple[tuple[str, float], ...] = (), baselines: bool = True) -> dict[str, dict[str, list[Metrics]]]:
+    """workload -> scheduler -> one Metrics per seed (``baselines`` False: Helios only)."""
     names = [w.name for w in build_workloads(Shapes(load_catalog(catalog)), 0, scale)]
-    work = [Job(catalog, seed, scale, name, slo, policy) for seed in range(seeds) for name in names]
+    work = [Job(catalog, seed, scale, name, slo, policy, baselines) for seed in range(seeds) for name in names]
     table: dict[str, dict[str, list[Metrics]]] = {name: {} for name in names}
     with ProcessPoolExecutor(jobs) if jobs > 1 else _InProcess() as pool:
         for index, (job, output) in enumerate(zip(work, pool.map(run_job, work)), start=1):
@@ -130,12 +131,12 @@ def run_capacity_job(job: CapacityJob) -> CapacityRow:
     return measure_capacity(catalog, workload, job.scheduler)
 
 
-def run_capacity(catalog: str, seeds: int, scale: Scale, jobs: int,
-                 policy: tuple[tuple[str, float], ...] = ()) -> dict[str, dict[str, list[CapacityRow]]]:
+def run_capacity(catalog: str, seeds: int, scale: Scale, jobs: int, policy: tuple[tuple[str, float], ...] = (),
+                 baselines: bool = True) -> dict[str, dict[str, list[CapacityRow]]]:
     """workload -> scheduler -> one CapacityRow per seed (only workloads with an arrival process to scale)."""
     shapes = Shapes(load_catalog(catalog))
     names = [w.name for w in capacity_workloads(build_workloads(shapes, 0, scale))]
-    schedulers = [HELIOS, *(spec.name for spec in baseline_specs(shapes))]
+    schedulers = [HELIOS, *(spec.name for spec in baseline_specs(shapes) if baselines)]
     work = [CapacityJob(catalog, seed, scale, name, who, policy) for seed in range(seeds) for name in names
             for who in schedulers]
     table: dict[str, dict[str, list[CapacityRow]]] = {name: {} for name in names}
@@ -324,7 +325,8 @@ def goal(table: dict[str, dict[str, list[Metrics]]], capacity: dict[str, dict[st
             worst = min(ratios, key=lambda w: ratios[w] if not math.isnan(ratios[w]) else math.inf)
             lines.append(f"- Capacity under the {pair.name} SLO (TTFT p99 <= {pair.ttft_steps:g} d, ITL p99 <= "
                          f"{pair.itl_steps:g} d), Helios / best baseline: lowest {_cell(ratios[worst])} on {worst}; "
-                         + ", ".join(f"{w} {_cell(r)}" for w, r in ratios.items()) + " (goal: >= 1.2 everywhere).")
+                         + ", ".join(f"{w} {_cell(r)}" for w, r in ratios.items())
+                         + " (goal: >= 1.2 everywhere; -: no scheduler meets it even at load 1/64).")
     saturated = [w for w in SATURATED if w in table]
     if saturated:
         parts = []
@@ -455,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seeds of the capacity-under-SLO search (default 1; 0 skips it)")
     parser.add_argument("--helios-policy", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="PolicyConfig fields for Helios, e.g. token_rate_by_value=0 (knock-out experiments)")
+    parser.add_argument("--baselines-from", metavar="RESULTS_JSON",
+                        help="simulate Helios only and take every baseline's rows from an earlier results.json of "
+                             "the same catalog, seeds and --goodput (baselines do not depend on Helios's code)")
     parser.add_argument("--from-results", help="re-render report.md and the plots from an earlier results.json")
     args = parser.parse_args(argv)
     command = "python -m scripts.scheduling_sim.report " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -496,10 +501,28 @@ def _load_or_run(args: argparse.Namespace, command: str) -> Results:
     policy = parse_policy(args.helios_policy)
     load_catalog(args.catalog)  # a bad catalog fails here, with one line, before any worker starts
     seeds, scale = (1, QUICK) if args.quick else (args.seeds, Scale())
-    table = run_all(args.catalog, seeds, scale, slo, args.jobs, policy)
+    earlier = load_results(Path(args.baselines_from)) if args.baselines_from else None
+    table = run_all(args.catalog, seeds, scale, slo, args.jobs, policy, baselines=earlier is None)
     capacity_seeds = min(args.capacity_seeds, 1) if args.quick else args.capacity_seeds
-    capacity = run_capacity(args.catalog, capacity_seeds, scale, args.jobs, policy) if capacity_seeds > 0 else {}
+    capacity = (run_capacity(args.catalog, capacity_seeds, scale, args.jobs, policy, baselines=earlier is None)
+                if capacity_seeds > 0 else {})
+    if earlier is not None:
+        table, capacity = _with_baselines(table, capacity, earlier, args.baselines_from)
     return Results(command, table, capacity, decode_step_ms(Shapes(load_catalog(args.catalog))))
+
+
+def _with_baselines(table, capacity, earlier: Results, source: str):
+    """Helios's new rows beside the baseline rows of an earlier run (their code did not change)."""
+    def merged(new: dict, old: dict, what: str) -> dict:
+        out = {}
+        for workload, rows in new.items():
+            seeds = len(rows[HELIOS])
+            kept = {name: runs[:seeds] for name, runs in old.get(workload, {}).items() if name != HELIOS}
+            if not kept or any(len(runs) < seeds for runs in kept.values()):
+                raise ValueError(f"--baselines-from {source}: no {what} baselines for {workload} with {seeds} seed(s)")
+            out[workload] = {HELIOS: rows[HELIOS], **kept}
+        return out
+    return merged(table, earlier.table, "table"), merged(capacity, earlier.capacity or {}, "capacity")
 
 
 def load_results(path: Path) -> Results:
