@@ -32,9 +32,9 @@ def prompt_lane_value(tokens: int, prompt_price: float) -> float:
 class PrefillTimes:
     """The catalog's fastest known one-row prefill programs: (prompt capacity, duration ms), capacity ascending.
 
-    ``ms(tokens)`` is the least estimated time to prefill ``tokens`` prompt tokens alone: the fastest
-    known program holding them, or, beyond the largest capacity, full chunks of the largest program
-    (the throughput choice for long prompts) and the fastest program holding the tail. Only measured
+    ``ms(tokens)`` estimates the least time to prefill ``tokens`` prompt tokens alone: the faster of
+    the fastest known program holding them and full chunks of the most efficient program (least
+    duration per prompt token of capacity) with the fastest program holding the rest. Only measured
     programs count; with none, there is no estimate (``of`` returns None).
     """
 
@@ -60,11 +60,12 @@ class PrefillTimes:
     def ms(self, tokens: int) -> float:
         if tokens <= 0:
             return 0.0
-        largest = self.capacities[-1]
-        full, tail = divmod(tokens, largest)
-        if tail == 0:
-            return full * self.durations_ms[-1]
-        return full * self.durations_ms[-1] + self.durations_ms[bisect.bisect_left(self.capacities, tail)]
+        index = bisect.bisect_left(self.capacities, tokens)
+        single = self.durations_ms[index] if index < len(self.capacities) else math.inf
+        capacity, duration = min(zip(self.capacities, self.durations_ms), key=lambda p: (p[1] / p[0], -p[0]))
+        full, tail = divmod(tokens, capacity)
+        chunked = full * duration + (self.durations_ms[bisect.bisect_left(self.capacities, tail)] if tail else 0.0)
+        return min(single, chunked)
 
 
 def prompt_chunk_value(tokens: int, remaining: int, price: float, first_token: float,

@@ -118,3 +118,12 @@ def test_simulation_traces_set_the_choices_and_refuse_other_values():
     assert (trace.policy.prompt_chunk_share, trace.policy.token_rate_by_value) == (0, 1)
     with pytest.raises(SimulationFileError, match="prompt_chunk_share must be 0 or 1"):
         parse_trace({"policy": {"prompt_chunk_share": 2}, "requests": request}, "t")
+
+
+def test_prefill_times_chunk_long_prompts_with_the_most_efficient_program():
+    """A measured catalog can make a small bucket the cheapest per token (flare-tiny-measured.yaml:
+    256 tokens in 22 ms, 1024 in 306 ms): long prompts are timed in chunks of that one."""
+    times = PrefillTimes.of([(64, 16.3), (256, 22.0), (1024, 306.3)])
+    assert times.ms(1024) == pytest.approx(4 * 22.0)  # four P256 beat the one P1024 that holds them
+    assert times.ms(2048 + 10) == pytest.approx(8 * 22.0 + 16.3)
+    assert times.ms(200) == 22.0
