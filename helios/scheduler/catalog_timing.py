@@ -24,10 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor
+from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor, GraphKind
 from helios.scheduler.cost import DurationModel
-from helios.scheduler.select.timing import durations_ms, GraphTiming
+from helios.scheduler.select.timing import GraphTiming, durations_ms
 from helios.scheduler.service import DeliveryFamily, ShapeTiming, token_normalizer
+from helios.scheduler.utility import PrefillTimes
 
 
 class CatalogTiming:
@@ -42,6 +43,7 @@ class CatalogTiming:
         self._graphs = tuple(graphs)
         self._timings: list[GraphTiming] = []
         self._durations: list[float] | None = None  # durations_ms(self._timings), built on first use
+        self._prefill: tuple[PrefillTimes | None] | None = None  # (prefill_times(self._timings),), on first use
         self._stale_at: dict[CostKey, int] = {}  # measured, still fresh: when each turns stale
         # never later than the earliest of ``_stale_at`` (a re-observation only moves an entry
         # later), so ``at`` scans the entries only once the clock reaches it
@@ -67,6 +69,17 @@ class CatalogTiming:
             self._durations = durations_ms(timings)
         return self._durations
 
+    def prefill_times(self, timings: Sequence[GraphTiming]) -> PrefillTimes | None:
+        """The fastest known one-row prefill time per prompt capacity under ``timings`` (issue 20's chunk share)."""
+        if timings is self._timings and self._prefill is not None:
+            return self._prefill[0]
+        measured = [(g.prefill_capacity, t.duration_ns / 1e6) for g, t in zip(self._graphs, timings)
+                    if g.kind is GraphKind.PREFILL and t.known]
+        found = PrefillTimes.of(measured)
+        if timings is self._timings:
+            self._prefill = (found,)
+        return found
+
     def normalizer(self, now_ns: int) -> float | None:
         """Best measured token rate of the generation programs, else of the whole catalog (tokens/ms),
         at ``now_ns`` (an estimate that lapses with time, as the direct scheduler's do, lapses here too)."""
@@ -86,6 +99,7 @@ class CatalogTiming:
             timings[index] = timing
         self._timings = timings
         self._durations = None
+        self._prefill = None
         self._normalizer = self._best_rate()
         for shapes in self._families.values():
             shapes.update(indices, timings)
@@ -97,6 +111,7 @@ class CatalogTiming:
         by_key = {key: self._timing(key, now_ns) for key in self._by_key}
         self._timings = [by_key[key] for key in self._keys]
         self._durations = None
+        self._prefill = None
         self._normalizer = self._best_rate()
         self._families = {}
 

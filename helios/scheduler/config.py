@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
+CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -29,6 +30,11 @@ class PolicyConfig:
     adaptation_ms: float = 100.0  # service-price adaptation time
     estimate_ttl_ns: int = 30_000_000_000  # timing freshness interval
     adaptive_verification_alpha: float = 1.0  # exponent on prefix-survival estimates
+    # Price-flow choices (docs/scheduling-utility.md, "Departures from the spec"; issue 20); 0 is the
+    # spec text's rule. The chunk share is the default; counting x by value is not (it lets a long
+    # prompt hold the device for hundreds of ms while streams wait, U6).
+    token_rate_by_value: int = 0  # 1: x counts a prompt token as 1/beta output token (0: one for one)
+    prompt_chunk_share: int = 1  # a chunk leaving prompt behind earns its time share of the prompt (0: its tokens)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -42,8 +48,22 @@ class PolicyConfig:
             )
         if self.adaptation_ms <= 0:
             raise ValueError(f"PolicyConfig.adaptation_ms must be > 0, got {self.adaptation_ms!r}")
+        for name in CHOICE_FIELDS:
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"PolicyConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
         if self.estimate_ttl_ns <= 0:
             raise ValueError(f"PolicyConfig.estimate_ttl_ns must be > 0, got {self.estimate_ttl_ns!r}")
+
+    @property
+    def prompt_service_weight(self) -> float:
+        """What one consumed prompt token adds to the token rate x, in output tokens.
+
+        1/beta with ``token_rate_by_value`` (x is value-weighted service over beta: a prompt token is
+        worth 1, an output token beta); 1 otherwise, and while beta is 0 (no value ratio to weigh by).
+        """
+        if self.token_rate_by_value and self.output_token_value > 0:
+            return 1.0 / self.output_token_value
+        return 1.0
 
     @classmethod
     def preset(

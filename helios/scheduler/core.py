@@ -500,7 +500,7 @@ class Scheduler:
             gains=[s.gains for s in states],
             estimates=[s.estimates for s in states],
         )
-        prm = Prompters()
+        prm = Prompters(times=self._timing.prefill_times(timings) if policy.prompt_chunk_share else None)
         for s, room in prompting:
             handle, x = s.handle, self._queue.projected_token_rate(s)
             congestion = f / x
@@ -565,7 +565,8 @@ class Scheduler:
         self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
         if plan.reason in EXPLORATION_REASONS:
             self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
-        self._queue.submit(fence, plan, states, normalizer, self.now_ns, self.policy.adaptation_ms)
+        self._queue.submit(fence, plan, states, normalizer, self.now_ns, self.policy.adaptation_ms,
+                           self.policy.prompt_service_weight)
         self._last_fence = fence
 
     def _start_unserved_histories(self, participants: Sequence[RequestHandle], normalizer: float | None) -> None:
@@ -687,7 +688,11 @@ class Scheduler:
         state = self._lookup(handle)
         if state is None or state.cancelled:
             return None
-        return state.prompt_done + state.produced
+        return self._served_units(state)
+
+    def _served_units(self, state: RequestState) -> float:
+        """The committed counters as token-rate service: prompt tokens weighted (PolicyConfig.prompt_service_weight)."""
+        return state.prompt_done * self.policy.prompt_service_weight + state.produced
 
     def _apply_lane(self, state, lane, plan, record, fence, sidecar=None) -> GeneratedToken | None:
         fq.release(state, lane, plan.graph)
@@ -747,7 +752,7 @@ class Scheduler:
             state = self._lookup(handle)
             if start is None or state is None or state.cancelled:
                 continue
-            served = state.prompt_done + state.produced - start
+            served = self._served_units(state) - start
             state.service.record_interval(frame.fence, served, interval_ms, self.policy.adaptation_ms)
 
     # -- publication ------------------------------------------------------------

@@ -84,8 +84,12 @@ class Frame:
     terms: dict[tuple[int, int], tuple[float, float, float, bool]] = field(default_factory=dict)
 
     @classmethod
-    def submitted(cls, fence, plan, states, normalizer, end_ns, queued, adaptation_ms) -> "Frame":
-        """The frame of ``plan``, whose participants are the live requests ``states``."""
+    def submitted(cls, fence, plan, states, normalizer, end_ns, queued, adaptation_ms,
+                  prompt_weight: float = 1.0) -> "Frame":
+        """The frame of ``plan``, whose participants are the live requests ``states``.
+
+        ``prompt_weight``: what a prompt token adds to the token rate (``PolicyConfig.prompt_service_weight``).
+        """
         participants = tuple(state.handle for state in states)
         lanes = {lane.handle: lane for lane in plan.lanes}
         duration_ms = max(plan.estimated_duration_ns, 1) / 1e6
@@ -95,7 +99,7 @@ class Frame:
         for state in states:
             lane = lanes.get(state.handle)
             if lane is not None:
-                tokens = lane.expected_tokens + lane.prompt_tokens
+                tokens = lane.expected_tokens + lane.prompt_tokens * prompt_weight
                 deliveries = 1.0 if lane.phase is LanePhase.DECODE else 0.0
                 terms[state.key] = (rest * tokens / duration_ms, rest * deliveries / duration_ms,
                                     deliveries / duration_ms, deliveries > 0)
@@ -167,11 +171,11 @@ class FrameQueue:
             raise ValueError(f"{plan.graph.id}'s cost went stale since planning (D5); replan after the queue drains")
 
     def submit(self, fence: Fence, plan: ScheduledPlan, states: Sequence, normalizer: float | None,
-               now_ns: int, adaptation_ms: float) -> Frame:
+               now_ns: int, adaptation_ms: float, prompt_weight: float = 1.0) -> Frame:
         """Queue ``plan`` (``check_slot`` and ``check_feedback`` passed) with the live requests ``states`` as participants."""
         queued = bool(self._frames)
         end_ns = self.end_ns(now_ns) + plan.estimated_duration_ns
-        frame = Frame.submitted(fence, plan, states, normalizer, end_ns, queued, adaptation_ms)
+        frame = Frame.submitted(fence, plan, states, normalizer, end_ns, queued, adaptation_ms, prompt_weight)
         self._frames.append(frame)
         return frame
 

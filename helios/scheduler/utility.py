@@ -28,6 +28,76 @@ def prompt_lane_value(tokens: int, prompt_price: float) -> float:
     return tokens * prompt_price
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillTimes:
+    """The catalog's fastest known one-row prefill programs: (prompt capacity, duration ms), capacity ascending.
+
+    ``ms(tokens)`` estimates the least time to prefill ``tokens`` prompt tokens alone: the faster of
+    the fastest known program holding them and full chunks of the most efficient program (least
+    duration per prompt token of capacity) with the fastest program holding the rest. Only measured
+    programs count; with none, there is no estimate (``of`` returns None).
+    """
+
+    capacities: tuple[int, ...]
+    durations_ms: tuple[float, ...]
+
+    @classmethod
+    def of(cls, measured: Sequence[tuple[int, float]]) -> "PrefillTimes | None":
+        """``measured``: (prompt capacity, duration ms) of each known one-row prefill program."""
+        best: dict[int, float] = {}
+        for capacity, duration_ms in measured:
+            if duration_ms > 0 and capacity > 0:
+                best[capacity] = min(duration_ms, best.get(capacity, math.inf))
+        if not best:
+            return None
+        capacities = sorted(best)
+        # a larger program that is also faster serves every smaller chunk: keep the running minimum from above
+        durations = [best[c] for c in capacities]
+        for i in range(len(durations) - 2, -1, -1):
+            durations[i] = min(durations[i], durations[i + 1])
+        return cls(tuple(capacities), tuple(durations))
+
+    def ms(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        index = bisect.bisect_left(self.capacities, tokens)
+        single = self.durations_ms[index] if index < len(self.capacities) else math.inf
+        capacity, duration = min(zip(self.capacities, self.durations_ms), key=lambda p: (p[1] / p[0], -p[0]))
+        full, tail = divmod(tokens, capacity)
+        chunked = full * duration + (self.durations_ms[bisect.bisect_left(self.capacities, tail)] if tail else 0.0)
+        return min(single, chunked)
+
+
+def prompt_chunk_value(tokens: int, remaining: int, price: float, first_token: float,
+                       times: PrefillTimes | None) -> float:
+    """A prompt row's value: the chunk's share of the value of finishing the prompt (issue 20).
+
+    A finishing chunk earns its tokens and the first output token, as U3 and U13 state. A chunk that
+    leaves prompt behind earns the value of the whole remaining prompt (its tokens and the first output
+    token) in proportion to the share of the remaining prefill time it does,
+    ``T_chunk / (T_chunk + T_rest)`` with both times the least known prefill time (``PrefillTimes``):
+    the prompt is worth something to its user when it is finished, and a split that leaves a tail for
+    another program is worth less than one that does not (docs/scheduling-utility.md, "Departures from
+    the spec"). Without measured prefill times the chunk earns its tokens (the spec's rule).
+
+    Every chunk of a split with the least total time has the same rate, the prompt's value over that
+    time; those exact ties are broken toward the smaller chunk (a relative 1e-9, far above rounding and
+    far below any real difference), so that the chunk that finishes the prompt, which earns the
+    whole remaining value, is the large one and no tail worth a few tokens is left to wait.
+    """
+    if tokens >= remaining:
+        return tokens * price + first_token
+    if times is None:
+        return tokens * price
+    chunk_ms = times.ms(tokens)
+    share = chunk_ms / (chunk_ms + times.ms(remaining - tokens)) * (1.0 - CHUNK_TIE_BIAS * tokens / remaining)
+    return (remaining * price + first_token) * share
+
+
+CHUNK_TIE_BIAS = 1e-9
+"""Relative tilt toward the smaller of equally good prompt chunks (``prompt_chunk_value``)."""
+
+
 def decode_lane_value(
     expected_tokens: float,
     token_price: float,

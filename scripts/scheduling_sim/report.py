@@ -6,7 +6,13 @@ Helios runs through ``helios.sim.simulator.simulate`` itself (the code behind
 ``flare simulate``); the baselines run through ``driver.run``, which has the
 same device model. Every workload runs with each seed; the tables show the
 mean over seeds and each figure as a ratio Helios / baseline. ``--quick``
-(one seed, short workloads) is for tests. Plots need matplotlib (the
+(one seed, short workloads) is for tests.
+
+The goal figures of issue 20 close the report: the Pareto check, capacity
+under two SLO pairs and goodput at overload (``capacity.py``: a bisection on
+the arrival rate per workload and scheduler, ``--capacity-seeds`` seeds,
+default 1, 0 skips it), and throughput at saturation (tok/s on the
+workloads that run at or above capacity). Plots need matplotlib (the
 ``bench`` extra); without it the report writes the tables and says so.
 """
 
@@ -17,12 +23,14 @@ import json
 import math
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from helios.scheduler.config import CHOICE_FIELDS, PolicyConfig
 from helios.sim.files import SimulationFileError, load_catalog
 from helios.sim.simulator import simulate
 from scripts.scheduling_sim.baselines import baseline_specs
+from scripts.scheduling_sim.capacity import SLO_PAIRS, CapacityRow, capacity_workloads, decode_step_ms, measure_capacity
 from scripts.scheduling_sim.driver import run
 from scripts.scheduling_sim.metrics import Distribution, Metrics, Slo, measure
 from scripts.scheduling_sim.shapes import Shapes
@@ -67,6 +75,15 @@ class Job:
     scale: Scale
     workload: str
     slo: Slo
+    policy: tuple[tuple[str, float], ...] = ()  # --helios-policy overrides
+    baselines: bool = True  # False: Helios only (--baselines-from supplies the rest)
+
+
+def with_policy(trace, policy: tuple[tuple[str, float], ...]):
+    """``trace`` with PolicyConfig fields overridden for Helios (knock-out experiments)."""
+    if not policy:
+        return trace
+    return replace(trace, policy=replace(trace.policy, **dict(policy)))
 
 
 def run_job(job: Job) -> dict[str, Metrics]:
@@ -74,8 +91,8 @@ def run_job(job: Job) -> dict[str, Metrics]:
     catalog = load_catalog(job.catalog)
     shapes = Shapes(catalog)
     workload = next(w for w in build_workloads(shapes, job.seed, job.scale) if w.name == job.workload)
-    results = {HELIOS: simulate(catalog, workload.trace)}
-    for spec in baseline_specs(shapes):
+    results = {HELIOS: simulate(catalog, with_policy(workload.trace, job.policy))}
+    for spec in baseline_specs(shapes) if job.baselines else ():
         results[spec.name] = run(catalog, workload.trace, spec.build(shapes), workload.clients)
     windows = {"fairness_window_ms": job.scale.fairness_window_ms, "service_window_ms": job.scale.service_window_ms}
     return {
@@ -83,15 +100,51 @@ def run_job(job: Job) -> dict[str, Metrics]:
     }
 
 
-def run_all(catalog: str, seeds: int, scale: Scale, slo: Slo, jobs: int) -> dict[str, dict[str, list[Metrics]]]:
-    """workload -> scheduler -> one Metrics per seed."""
+def run_all(catalog: str, seeds: int, scale: Scale, slo: Slo, jobs: int,
+            policy: tuple[tuple[str, float], ...] = (), baselines: bool = True) -> dict[str, dict[str, list[Metrics]]]:
+    """workload -> scheduler -> one Metrics per seed (``baselines`` False: Helios only)."""
     names = [w.name for w in build_workloads(Shapes(load_catalog(catalog)), 0, scale)]
-    work = [Job(catalog, seed, scale, name, slo) for seed in range(seeds) for name in names]
+    work = [Job(catalog, seed, scale, name, slo, policy, baselines) for seed in range(seeds) for name in names]
     table: dict[str, dict[str, list[Metrics]]] = {name: {} for name in names}
     with ProcessPoolExecutor(jobs) if jobs > 1 else _InProcess() as pool:
         for index, (job, output) in enumerate(zip(work, pool.map(run_job, work)), start=1):
             print(f"[{index}/{len(work)}] seed {job.seed} {job.workload}", flush=True)
             _collect(table[job.workload], output)
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityJob:
+    catalog: str
+    seed: int
+    scale: Scale
+    workload: str
+    scheduler: str
+    policy: tuple[tuple[str, float], ...] = ()
+
+
+def run_capacity_job(job: CapacityJob) -> CapacityRow:
+    catalog = load_catalog(job.catalog)
+    workload = next(w for w in build_workloads(Shapes(catalog), job.seed, job.scale) if w.name == job.workload)
+    if job.scheduler == HELIOS:
+        workload = replace(workload, trace=with_policy(workload.trace, job.policy))
+    return measure_capacity(catalog, workload, job.scheduler)
+
+
+def run_capacity(catalog: str, seeds: int, scale: Scale, jobs: int, policy: tuple[tuple[str, float], ...] = (),
+                 baselines: bool = True) -> dict[str, dict[str, list[CapacityRow]]]:
+    """workload -> scheduler -> one CapacityRow per seed (only workloads with an arrival process to scale)."""
+    shapes = Shapes(load_catalog(catalog))
+    names = [w.name for w in capacity_workloads(build_workloads(shapes, 0, scale))]
+    schedulers = [HELIOS, *(spec.name for spec in baseline_specs(shapes) if baselines)]
+    work = [CapacityJob(catalog, seed, scale, name, who, policy) for seed in range(seeds) for name in names
+            for who in schedulers]
+    table: dict[str, dict[str, list[CapacityRow]]] = {name: {} for name in names}
+    with ProcessPoolExecutor(jobs) if jobs > 1 else _InProcess() as pool:
+        for index, (job, row) in enumerate(zip(work, pool.map(run_capacity_job, work)), start=1):
+            print(f"[capacity {index}/{len(work)}] seed {job.seed} {job.workload} {job.scheduler}: "
+                  f"{row.capacity} ({row.runs} runs)", flush=True)
+            table[job.workload].setdefault(job.scheduler, []).append(row)
     return table
 
 
@@ -126,15 +179,19 @@ def _ratio(helios: float, other: float) -> float:
     return helios / other if other and not (math.isnan(helios) or math.isnan(other)) else math.nan
 
 
-def markdown(table: dict[str, dict[str, list[Metrics]]], command: str, seeds: int) -> str:
+def markdown(table: dict[str, dict[str, list[Metrics]]], command: str, seeds: int,
+             capacity: dict[str, dict[str, list[CapacityRow]]] | None = None, step_ms: float | None = None) -> str:
     lines = [
         "# Helios vs baseline schedulers on the simulator", "",
         f"`{command}` ({seeds} seed(s); means over seeds).", "",
         "Ratio tables: Helios / baseline. For req/s, tok/s, goodput and Jain above 1 favours Helios;"
         " for latencies and VTC service differences below 1 favours Helios.", "",
     ]
+    lines += goal(table, capacity or {})
     lines += summary(table)
     lines += pareto(table)
+    if capacity:
+        lines += capacity_tables(capacity, step_ms)
     for workload, rows in table.items():
         lines += _workload_tables(workload, rows)
     lines += _losses(table)
@@ -230,6 +287,82 @@ def _worse_by(column: Column, helios: float, other: float) -> float:
     return max(0.0, gap / abs(other))
 
 
+# Workloads whose arrivals reach or pass the catalog's capacity: throughput at saturation.
+SATURATED = ("steady-100", "steady-120", "vtc-overload")
+THROUGHPUT = Column("tok/s", "output_throughput", True)
+
+
+def _capacity_mean(rows: list[CapacityRow], read) -> float:
+    values = [read(row) for row in rows]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _best_capacity(rows: dict[str, list[CapacityRow]], read) -> tuple[str, float] | None:
+    scored = [(name, _capacity_mean(runs, read)) for name, runs in rows.items() if name != HELIOS]
+    return max(scored, key=lambda item: item[1]) if scored else None
+
+
+def capacity_ratios(capacity: dict[str, dict[str, list[CapacityRow]]], pair: str) -> dict[str, float]:
+    """Per workload: Helios's capacity under ``pair`` / the best baseline's (inf when only Helios meets it)."""
+    out = {}
+    for workload, rows in capacity.items():
+        helios = _capacity_mean(rows[HELIOS], lambda r: r.capacity[pair])
+        best = _best_capacity(rows, lambda r: r.capacity[pair])
+        out[workload] = math.nan if best is None else (helios / best[1] if best[1] > 0 else
+                                                       (math.inf if helios > 0 else math.nan))
+    return out
+
+
+def goal(table: dict[str, dict[str, list[Metrics]]], capacity: dict[str, dict[str, list[CapacityRow]]]) -> list[str]:
+    """The issue's goal figures in one place: Pareto, capacity ratio per SLO pair, saturation throughput."""
+    dominated = [w for w, rows in table.items() if dominators(rows)]
+    lines = ["## Goal figures (issue 20)", "",
+             f"- Pareto: Helios is dominated on {len(dominated)} of {len(table)} workloads"
+             + (f" ({', '.join(dominated)})" if dominated else "") + " (goal: 0)."]
+    for pair in SLO_PAIRS:
+        ratios = capacity_ratios(capacity, pair.name) if capacity else {}
+        if ratios:
+            worst = min(ratios, key=lambda w: ratios[w] if not math.isnan(ratios[w]) else math.inf)
+            lines.append(f"- Capacity under the {pair.name} SLO (TTFT p99 <= {pair.ttft_steps:g} d, ITL p99 <= "
+                         f"{pair.itl_steps:g} d), Helios / best baseline: lowest {_cell(ratios[worst])} on {worst}; "
+                         + ", ".join(f"{w} {_cell(r)}" for w, r in ratios.items())
+                         + " (goal: >= 1.2 everywhere; -: no scheduler meets it even at load 1/64).")
+    saturated = [w for w in SATURATED if w in table]
+    if saturated:
+        parts = []
+        for workload in saturated:
+            best = _best_baseline(THROUGHPUT, table[workload])
+            helios = mean_over_seeds(THROUGHPUT, table[workload][HELIOS])
+            parts.append(f"{workload} {_cell(_ratio(helios, best[1]))} ({best[0]})" if best else workload)
+        lines.append("- Throughput at saturation, Helios / best baseline tok/s: " + ", ".join(parts)
+                     + " (goal: >= 0.98).")
+    return lines + [""]
+
+
+def capacity_tables(capacity: dict[str, dict[str, list[CapacityRow]]], step_ms: float | None) -> list[str]:
+    """Capacity (load units) per SLO pair, and goodput at overload, Helios against the best baseline."""
+    step = "" if step_ms is None else f" (d = {step_ms:.3g} ms on this catalog)"
+    lines = ["## Capacity under SLO", "",
+             "The largest arrival rate, as a fraction of the catalog's capacity for the workload's mix, at which p99"
+             f" TTFT and p99 ITL stay within the pair, in units of the decode step d{step}; bisection on the rate"
+             " (scripts/scheduling_sim/capacity.py). Goodput: requests/s meeting their own TTFT and TPOT limits at"
+             " 1.5x capacity.", ""]
+    for pair in SLO_PAIRS:
+        lines += [f"### {pair.name}: TTFT p99 <= {pair.ttft_steps:g} d, ITL p99 <= {pair.itl_steps:g} d", "",
+                  "| workload | Helios capacity | best baseline | Helios / best | Helios goodput | best goodput |",
+                  "|---|---|---|---|---|---|"]
+        for workload, rows in capacity.items():
+            read = lambda r, name=pair.name: r.capacity[name]  # noqa: E731
+            good = lambda r, name=pair.name: r.goodput[name]  # noqa: E731
+            helios, best = _capacity_mean(rows[HELIOS], read), _best_capacity(rows, read)
+            best_good = _best_capacity(rows, good)
+            ratio = capacity_ratios({workload: rows}, pair.name)[workload]
+            lines.append(f"| {workload} | {_cell(helios)} | {_cell(best[1])} ({best[0]}) | {_cell(ratio)} | "
+                         f"{_cell(_capacity_mean(rows[HELIOS], good))} | {_cell(best_good[1])} ({best_good[0]}) |")
+        lines.append("")
+    return lines
+
+
 # ---------------------------------------------------------------------------
 # Plots (matplotlib, optional)
 # ---------------------------------------------------------------------------
@@ -296,6 +429,22 @@ def parse_slo(items: list[str]) -> Slo:
     return Slo(**limits)
 
 
+def parse_policy(items: list[str]) -> tuple[tuple[str, float], ...]:
+    """``FIELD=VALUE`` pairs naming PolicyConfig fields; checked by building the config once."""
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in {f.name for f in fields(PolicyConfig)}:
+            raise ValueError(f"--helios-policy {item!r}: expected FIELD=VALUE with a PolicyConfig field")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--helios-policy {item!r}: {value!r} is not a number") from None
+        pairs.append((name, int(number) if number.is_integer() and name in CHOICE_FIELDS else number))
+    replace(PolicyConfig(), **dict(pairs))  # an out-of-range value fails here, with PolicyConfig's message
+    return tuple(pairs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.scheduling_sim.report", description=__doc__.split("\n")[0])
     parser.add_argument("--catalog", help="synthetic catalog YAML (docs/simulation.md); required unless --from-results")
@@ -304,6 +453,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one seed, short workloads (tests)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--goodput", nargs="*", default=["ttft:250", "tpot:25"], help="SLOs, e.g. ttft:250 tpot:25")
+    parser.add_argument("--capacity-seeds", type=int, default=1,
+                        help="seeds of the capacity-under-SLO search (default 1; 0 skips it)")
+    parser.add_argument("--helios-policy", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help="PolicyConfig fields for Helios, e.g. token_rate_by_value=0 (knock-out experiments)")
+    parser.add_argument("--baselines-from", metavar="RESULTS_JSON",
+                        help="simulate Helios only and take every baseline's rows from an earlier results.json of "
+                             "the same catalog, seeds and --goodput (baselines do not depend on Helios's code)")
     parser.add_argument("--from-results", help="re-render report.md and the plots from an earlier results.json")
     args = parser.parse_args(argv)
     command = "python -m scripts.scheduling_sim.report " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -315,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = max(len(runs) for rows in results.table.values() for runs in rows.values())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(markdown(results.table, results.command, seeds))
+    (out / "report.md").write_text(markdown(results.table, results.command, seeds, results.capacity, results.step_ms))
     (out / "results.json").write_text(json.dumps(results.to_json(), indent=1))
     print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
     _plots(results.table, out)
@@ -328,9 +484,12 @@ class Results:
 
     command: str
     table: dict[str, dict[str, list[Metrics]]]
+    capacity: dict[str, dict[str, list[CapacityRow]]] = None  # workload -> scheduler -> one row per seed
+    step_ms: float | None = None  # the catalog's decode step d, the SLO unit
 
     def to_json(self) -> dict:
-        return {"command": self.command, "workloads": _json(self.table)}
+        capacity = {w: {s: [asdict(r) for r in rows] for s, rows in by.items()} for w, by in (self.capacity or {}).items()}
+        return {"command": self.command, "workloads": _json(self.table), "capacity": capacity, "step_ms": self.step_ms}
 
 
 def _load_or_run(args: argparse.Namespace, command: str) -> Results:
@@ -339,9 +498,31 @@ def _load_or_run(args: argparse.Namespace, command: str) -> Results:
     if not args.catalog:
         raise ValueError("give --catalog SYNTHETIC_CATALOG.yaml (or --from-results results.json)")
     slo = parse_slo(args.goodput)
+    policy = parse_policy(args.helios_policy)
     load_catalog(args.catalog)  # a bad catalog fails here, with one line, before any worker starts
     seeds, scale = (1, QUICK) if args.quick else (args.seeds, Scale())
-    return Results(command, run_all(args.catalog, seeds, scale, slo, args.jobs))
+    earlier = load_results(Path(args.baselines_from)) if args.baselines_from else None
+    table = run_all(args.catalog, seeds, scale, slo, args.jobs, policy, baselines=earlier is None)
+    capacity_seeds = min(args.capacity_seeds, 1) if args.quick else args.capacity_seeds
+    capacity = (run_capacity(args.catalog, capacity_seeds, scale, args.jobs, policy, baselines=earlier is None)
+                if capacity_seeds > 0 else {})
+    if earlier is not None:
+        table, capacity = _with_baselines(table, capacity, earlier, args.baselines_from)
+    return Results(command, table, capacity, decode_step_ms(Shapes(load_catalog(args.catalog))))
+
+
+def _with_baselines(table, capacity, earlier: Results, source: str):
+    """Helios's new rows beside the baseline rows of an earlier run (their code did not change)."""
+    def merged(new: dict, old: dict, what: str) -> dict:
+        out = {}
+        for workload, rows in new.items():
+            seeds = len(rows[HELIOS])
+            kept = {name: runs[:seeds] for name, runs in old.get(workload, {}).items() if name != HELIOS}
+            if not kept or any(len(runs) < seeds for runs in kept.values()):
+                raise ValueError(f"--baselines-from {source}: no {what} baselines for {workload} with {seeds} seed(s)")
+            out[workload] = {HELIOS: rows[HELIOS], **kept}
+        return out
+    return merged(table, earlier.table, "table"), merged(capacity, earlier.capacity or {}, "capacity")
 
 
 def load_results(path: Path) -> Results:
@@ -351,7 +532,9 @@ def load_results(path: Path) -> Results:
         raise ValueError(f"{path}: not a results.json written by this report (no 'workloads' key)")
     rows = document["workloads"]
     table = {w: {s: [_metrics(m) for m in runs] for s, runs in by.items()} for w, by in rows.items()}
-    return Results(document.get("command", "(unknown command)"), table)
+    capacity = {w: {s: [CapacityRow(**r) for r in runs] for s, runs in by.items()}
+                for w, by in document.get("capacity", {}).items()}
+    return Results(document.get("command", "(unknown command)"), table, capacity, document.get("step_ms"))
 
 
 def _metrics(data: dict) -> Metrics:

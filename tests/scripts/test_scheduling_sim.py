@@ -496,3 +496,61 @@ def test_pareto_check_names_exactly_the_baselines_at_least_as_good_on_every_figu
     text = "\n".join(report.pareto({"w": rows, "v": {"helios": rows["helios"], "worse": rows["worse"]}}))
     assert "| w | better-everywhere, equal-but-faster |" in text and "| v | none |" in text
     assert "dominated on 1 of 2 workloads" in text
+
+
+# ---------------------------------------------------------------------------
+# capacity.py (issue 20): capacity under an SLO pair by bisection on the rate
+# ---------------------------------------------------------------------------
+
+
+class _FakeRunner:
+    """Meets the SLO exactly up to ``boundary`` load; counts the loads it was asked about."""
+
+    def __init__(self, boundary: float):
+        self.boundary, self.cache = boundary, {}
+
+    def outcome(self, load: float):
+        from scripts.scheduling_sim.capacity import Outcome
+
+        self.cache[load] = Outcome(1.0 if load <= self.boundary else 1e9, 1.0, True)
+        return self.cache[load]
+
+
+@pytest.mark.parametrize("boundary", [0.05, 0.3, 0.99, 1.0, 1.7, 5.0])
+def test_capacity_bisection_lands_within_its_stated_precision_below_the_boundary(boundary):
+    from scripts.scheduling_sim.capacity import BISECTIONS, capacity
+
+    found = capacity(_FakeRunner(boundary), ttft_ms=10.0, itl_ms=10.0)
+    assert found.load <= boundary < found.load * 2 ** (1 / 2**BISECTIONS) * (1 + 1e-12)
+    assert found.runs <= 3 + math.ceil(abs(math.log2(boundary))) + BISECTIONS  # bracket by doubling, then bisect
+
+
+def test_capacity_reports_the_ends_of_its_range():
+    from scripts.scheduling_sim.capacity import HIGHEST_LOAD, capacity
+
+    assert capacity(_FakeRunner(100.0), 10.0, 10.0).load == HIGHEST_LOAD
+    assert capacity(_FakeRunner(1e-6), 10.0, 10.0).load == 0.0
+
+
+def test_scaled_trace_runs_the_same_requests_faster():
+    from scripts.scheduling_sim.capacity import scaled
+
+    base = trace(request("a", 10, 4, arrival_ms=0.0), request("b", 10, 4, arrival_ms=30.0))
+    fast = scaled(base, 3.0)
+    assert [r.arrival_ns for r in fast.requests] == [0, 10 * MS]
+    assert [dataclasses.replace(r, arrival_ns=0) for r in fast.requests] == [
+        dataclasses.replace(r, arrival_ns=0) for r in base.requests]
+
+
+def test_capacity_of_a_real_run_meets_its_slo_and_the_next_step_does_not():
+    from scripts.scheduling_sim.capacity import Runner, capacity
+    from scripts.scheduling_sim.workloads import QUICK, build_workloads
+
+    catalog = load_catalog(EXAMPLE_CATALOG)
+    shapes = Shapes(catalog)
+    workload = next(w for w in build_workloads(shapes, 0, QUICK) if w.name == "short-chat")
+    runner = Runner(catalog, shapes, workload, "fcfs")
+    found = capacity(runner, ttft_ms=20.0, itl_ms=8.0)
+    assert 0 < found.load < 8
+    assert runner.outcome(found.load).meets(20.0, 8.0)
+    assert not runner.outcome(min(load for load in runner.cache if load > found.load)).meets(20.0, 8.0)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from helios.scheduler.types import RequestHandle
+from helios.scheduler.utility import PrefillTimes
 
 MAX_REQUEST_SLOTS = 64  # U11: selection is bounded to 64 request slots
 
@@ -64,6 +65,8 @@ class Prompters:
     to_endpoint  tokens up to the next message/system endpoint or the prompt end
     price        1 + f/x
     first_token  value of the one output token a finishing prompt can publish
+    times        the catalog's least known prefill times (``utility.PrefillTimes``) for the chunk share
+                 of ``utility.prompt_chunk_value``; None: a chunk earns its tokens (the spec's U13 text)
     """
 
     handle: list[RequestHandle] = field(default_factory=list)
@@ -73,6 +76,7 @@ class Prompters:
     price: list[float] = field(default_factory=list)
     first_token: list[float] = field(default_factory=list)
     recency: list[int] = field(default_factory=list)
+    times: PrefillTimes | None = None
 
     def __len__(self) -> int:
         return len(self.handle)

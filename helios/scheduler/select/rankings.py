@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 from flare_contract.graphs import GraphDescriptor
 from helios.scheduler.select.population import Population, cumulative_gains
 from helios.scheduler.select.timing import GraphTiming
-from helios.scheduler.utility import AdaptiveLane, RankedLanes
+from helios.scheduler.utility import AdaptiveLane, RankedLanes, prompt_chunk_value
 
 if TYPE_CHECKING:
     from helios.scheduler.select.catalog import CatalogInfo, PerDurations
@@ -401,9 +401,14 @@ class DecisionRankings:
             ranking = self.empty_prompts
         else:
             tokens = [r if r < capacity else capacity for r in p.remaining]  # min(capacity, r)
-            # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes
-            values = [t * price + (first if t == left else 0.0)
-                      for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
+            # prompt_lane_value (tokens * price) plus the first output token a finishing row publishes;
+            # with prefill times, a chunk that leaves prompt behind earns its share (prompt_chunk_value)
+            if p.times is None:
+                values = [t * price + (first if t == left else 0.0)
+                          for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
+            else:
+                values = [prompt_chunk_value(t, left, price, first, p.times)
+                          for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
             # most prompt programs read only the best row (``top``): the prefix sums wait for a wider one
             ranked = RankedLanes.rank(values, None if self.prompters_lru else p.recency, lazy=True)
             ranking = PromptRanking(ranked, tokens)

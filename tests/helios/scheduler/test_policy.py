@@ -17,7 +17,7 @@ from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.leader import select
 from helios.scheduler.select.population import Decoders, Population, Prompters
 from helios.scheduler.select.timing import GraphTiming
-from helios.scheduler.utility import decision_log_scale, value_rate
+from helios.scheduler.utility import decision_log_scale, prompt_chunk_value, value_rate
 from tests.helios.scheduler.reference import scaled_rate
 
 PREFILLS = {prefill(c): 2.0 + c * 0.008 for c in (64, 256, 1024, 4096)}
@@ -136,8 +136,8 @@ def _served_value(plan, population: Population) -> float:
     total = 0.0
     for lane in plan.lanes:
         if lane.phase is LanePhase.PROMPT:
-            i = p.handle.index(lane.handle)
-            total += lane.prompt_tokens * p.price[i] + (p.first_token[i] if lane.finishes_prompt else 0.0)
+            i = p.handle.index(lane.handle)  # a chunk's value: docs/scheduling-utility.md, "Departures"
+            total += prompt_chunk_value(lane.prompt_tokens, p.remaining[i], p.price[i], p.first_token[i], p.times)
         else:
             i = d.handle.index(lane.handle)
             total += (lane.expected_tokens * d.token_price[i] + d.delivery_price[i]
@@ -307,13 +307,19 @@ def test_V1_fitting_tail_uses_the_graph_that_fits_and_padded_tail_never_a_larger
     d = Driver(s, CATALOG)
     a = d.admit(ask(4096 + 64, 5))
     d.run(2)
-    assert [e.plan.graph for e in d.executed] == [P4096, P64]  # the 64-token tail fits exactly
+    # the 64 tokens beyond a full chunk fit P64 exactly; they run first, so that the chunk finishing
+    # the prompt is the large one (docs/scheduling-utility.md, "Departures from the spec", 2)
+    assert [e.plan.graph for e in d.executed] == [P64, P4096]
+    assert [e.plan.lanes[0].prompt_tokens for e in d.executed] == [64, 4096]
     s = measured(CATALOG)
     d = Driver(s, CATALOG)
     d.admit(ask(4096 + 100, 5))
     d.run(3)
-    tail = [e.plan.graph for e in d.executed[1:] if e.plan.graph.kind is GraphKind.PREFILL]
-    assert tail and all(g in (P64, P256) for g in tail)  # 1024/4096 would only add padding (U12)
+    prefills = [e.plan for e in d.executed if e.plan.graph.kind is GraphKind.PREFILL]
+    # the 100 tokens beyond a full chunk cost one P256 (a P1024 or a second P4096 would only add
+    # padding, U12), whichever of the two chunks holds the odd tokens
+    assert sorted(p.graph.id for p in prefills) == sorted([P256.id, P4096.id])
+    assert sum(p.lanes[0].prompt_tokens for p in prefills) == 4096 + 100
 
 
 def test_D4_unmeasured_larger_prefill_skipped_when_a_smaller_one_reaches_the_endpoint():
@@ -357,7 +363,9 @@ def test_V1_sixteen_long_prefills_all_reach_output():
     d.run(2000)
     assert all(x in d.finished for x in hs)
     prefill_plans = [e.plan for e in d.executed if e.plan.graph.kind is GraphKind.PREFILL]
-    assert all(sum(l.prompt_tokens for l in p.lanes) in (4096, 37) for p in prefill_plans)
+    # each prompt in the least prefill time: one P64 and one P4096 (64 + 4069 or 4096 + 37 tokens alike)
+    assert sorted(p.graph.id for p in prefill_plans) == sorted([P64.id, P4096.id] * 16)
+    assert all(len(p.lanes) == 1 for p in prefill_plans)
 
 
 def test_V1_heterogeneous_cohort_serves_the_starved_request_first():
