@@ -338,7 +338,7 @@ def test_program_signature_lists_inputs_in_call_order():
     spec = build_program(MIXED, CONFIG, LAYOUT)
     assert spec.input_names[0] == "weights" and spec.weight_keys == CONFIG.weight_keys()
     assert spec.input_names[1:] == tuple(s.name for s in spec.inputs)
-    assert spec.mutated_inputs == ("k_cache", "v_cache", "pending", "seq_lens")
+    assert spec.mutated_inputs == ("k_cache", "v_cache", "pending", "seq_lens", "token_counts", "prompt_seen")
     shapes = {s.name: s.shape for s in spec.inputs}
     assert shapes["draft_tokens"] == (4, 2) and shapes["prompt_tokens"] == (16,)
     assert spec.module.shape.packed == 16 + 3 * 3  # C10: prefill_capacity + (B - 1) * W
