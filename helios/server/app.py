@@ -36,6 +36,7 @@ from helios.runtime.engine_api import Engine, EngineUnavailable, GenerationFaile
 from helios.server.auth import BearerAuth
 from helios.server.errors import ApiError, bad_request, cut, generation_failed, internal, model_not_found, too_large, unavailable
 from helios.server.generation import CLIENT_CLOSED, ClientGone, Generation, collect_text
+from helios.server.logprobs import ChatLogprobs, CompletionLogprobs, LogprobsFormat
 from helios.server.metrics import DeliveryClock, ServerMetrics
 from helios.server.protocol import (
     ChatBody,
@@ -85,10 +86,11 @@ class Endpoint:
     body_type: type
     prepare: Callable[..., PreparedRequest]
     shape: ResponseShape
+    logprobs: Callable[..., LogprobsFormat]  # (tokenizer, alternatives) -> the endpoint's logprobs objects
 
 
-COMPLETIONS = Endpoint("completions", "cmpl", CompletionBody, prepare_completion, CompletionShape())
-CHAT = Endpoint("chat", "chatcmpl", ChatBody, prepare_chat, ChatShape())
+COMPLETIONS = Endpoint("completions", "cmpl", CompletionBody, prepare_completion, CompletionShape(), CompletionLogprobs)
+CHAT = Endpoint("chat", "chatcmpl", ChatBody, prepare_chat, ChatShape(), ChatLogprobs)
 
 
 def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -199,10 +201,13 @@ class _Routes:
             self._refused(request_id, endpoint, 500, "error", clock)
             return _server_fault(exc)
         header = ResponseHeader(prepared.generation.request_id, int(time.time()), self.engine.model_name)
+        top = prepared.generation.logprobs
+        logprobs = endpoint.logprobs(self.engine.tokenizer, top) if top is not None else None
         if prepared.stream:
-            return EventStreamResponse(stream_events(generation, endpoint.shape, header, prepared.include_usage), generation.abandon)
+            return EventStreamResponse(stream_events(generation, endpoint.shape, header, prepared.include_usage, logprobs),
+                                       generation.abandon)
         try:
-            return await self._respond_whole(request, generation, endpoint.shape, header)
+            return await self._respond_whole(request, generation, endpoint.shape, header, logprobs)
         except ApiError:
             raise
         except Exception as exc:  # the generation counted it as an error when its relay ended
@@ -234,7 +239,8 @@ class _Routes:
             raise unavailable(f"The server is not accepting requests: {exc}", exc.retry_after_s) from None
         return generation, prepared
 
-    async def _respond_whole(self, request: Request, generation: Generation, shape: ResponseShape, header: ResponseHeader) -> Response:
+    async def _respond_whole(self, request: Request, generation: Generation, shape: ResponseShape, header: ResponseHeader,
+                             logprobs: LogprobsFormat | None = None) -> Response:
         try:
             text = await collect_text(generation, request.receive)
         except ClientGone:
@@ -242,7 +248,8 @@ class _Routes:
         except GenerationFailed as exc:
             raise generation_failed(exc) from None
         assert generation.finish_reason is not None, "collect_text returns only finished generations"
-        return JSONResponse(shape.full(header, text, generation.finish_reason.value, generation.usage))
+        body = logprobs.body(generation.logprobs) if logprobs is not None else None
+        return JSONResponse(shape.full(header, text, generation.finish_reason.value, generation.usage, body))
 
 
 def _prepare(endpoint: Endpoint, body, limits: ModelLimits, request_id: str) -> PreparedRequest:

@@ -13,10 +13,14 @@ values below -1 are refused, values above the vocabulary are clamped to it;
 the int64 with the same 64 bits (the program input is int64; the sampler
 reads the bits); ``max_tokens`` defaults to 16 for completions
 (OpenAI's default) and to the rest of the context for chat; ``n`` must be 1;
-fields that would change the output in ways the engine cannot honour
-(logprobs, echo, suffix, penalties, logit_bias, tools, and the OpenAI and
-vLLM fields in ``UNHONOURED`` unless they carry the value that asks for
-nothing) are refused rather than silently ignored.
+``logprobs`` (completions: 0..20 alternatives; chat: ``logprobs: true`` with
+``top_logprobs`` 0..20), the penalties, ``logit_bias`` (at most 300 token ids
+of the vocabulary, values in [-100, 100]), ``min_p``, ``min_tokens`` (not
+with stop strings, which vLLM would not check before it), ``ignore_eos``,
+``stop_token_ids`` and ``include_stop_str_in_output`` are honoured; fields that
+would change the output in ways the engine cannot honour (echo, suffix, tools,
+and the OpenAI and vLLM fields in ``UNHONOURED`` unless they carry the value
+that asks for nothing) are refused rather than silently ignored.
 
 Nothing a client sends may make the server fail: every exception while
 decoding or validating a body is a 400 (JSON nested beyond what the parser
@@ -34,7 +38,16 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from helios.runtime.engine_api import ChatTemplateError, EngineTokenizer, GenerationRequest, SamplingParams, fewest_tokens
+from helios.runtime.engine_api import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    ChatTemplateError,
+    EngineTokenizer,
+    GenerationRequest,
+    SamplingParams,
+    fewest_tokens,
+)
 from helios.server.errors import ApiError, bad_request, cut, model_not_found
 
 log = logging.getLogger(__name__)
@@ -80,9 +93,29 @@ class _GenerationBody(_Body):
     stop: Any = ()  # normalised to a tuple of strings by _stop
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = False
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    include_stop_str_in_output: bool | None = False
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(value)}")
+        for key, bias in value.items():
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"keys are token ids written as decimal strings, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases lie in [-100, 100], got {bias} for token {key}")
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -106,7 +139,7 @@ class _GenerationBody(_Body):
 
 class CompletionBody(_GenerationBody):
     prompt: Any = Field(...)
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
@@ -157,7 +190,7 @@ class ChatBody(_GenerationBody):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # further template variables, e.g. enable_thinking
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
 
     @field_validator("messages", mode="before")
@@ -198,14 +231,8 @@ def parse_body(raw: bytes, model: type[BodyT]) -> BodyT:
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}),
     "tool_choice": (None, "none", "auto"),
-    "min_p": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
     "length_penalty": (None, 1, 1.0),
     "use_beam_search": (None, False),
-    "min_tokens": (None, 0),
-    "ignore_eos": (None, False),
-    "stop_token_ids": (None, []),
-    "include_stop_str_in_output": (None, False),
     "prompt_logprobs": (None,),
     "truncate_prompt_tokens": (None,),
     "add_generation_prompt": (None, True),  # honoured by chat and /tokenize, which define it
@@ -283,7 +310,6 @@ class ModelLimits:
 
 def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
-    _refuse_if(body.logprobs is not None, "logprobs", "log probabilities are not supported by this server")
     _refuse_if(bool(body.echo), "echo", "echoing the prompt is not supported by this server")
     _refuse_if(body.suffix is not None, "suffix", "suffixes (insertion) are not supported by this server")
     _refuse_if(body.best_of not in (None, 1), "best_of", f"must be 1, this server generates one choice per request (got {body.best_of})")
@@ -295,12 +321,13 @@ def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: st
         ids = _checked_token_ids(prompt, limits.tokenizer.vocab_size)
     _check_prompt_fits(len(ids), "prompt", limits)
     max_tokens = _max_tokens(body.max_tokens, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, len(ids), limits.context_length)
-    return _prepared(body, limits, request_id, ids, max_tokens, ())
+    return _prepared(body, limits, request_id, ids, max_tokens, (), body.logprobs)
 
 
 def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
-    _refuse_if(bool(body.logprobs) or body.top_logprobs is not None, "logprobs", "log probabilities are not supported by this server")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("Invalid 'top_logprobs': it needs 'logprobs' set to true.", "top_logprobs", "invalid_value")
     _refuse_if(bool(body.tools), "tools", "tool calling is not supported by this server")
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
     _refuse_if(body.continue_final_message and body.add_generation_prompt is True, "continue_final_message",
@@ -314,8 +341,8 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
     if asked is None:
         param, asked = ("max_tokens", body.max_tokens)
     max_tokens = _max_tokens(asked, param, limits.context_length - len(ids), len(ids), limits.context_length)
-    return _prepared(body, limits, request_id, ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer,
-                                                                                      kwargs))
+    endpoints = _message_endpoints(messages, ids, limits.tokenizer, kwargs)
+    return _prepared(body, limits, request_id, ids, max_tokens, endpoints, (body.top_logprobs or 0) if body.logprobs else None)
 
 
 def _check_common(body: _GenerationBody, limits: ModelLimits) -> None:
@@ -323,9 +350,14 @@ def _check_common(body: _GenerationBody, limits: ModelLimits) -> None:
         raise model_not_found(body.model, limits.model_name)
     _refuse_if(body.n not in (None, 1), "n", f"must be 1, this server generates one choice per request (got {body.n})")
     _refuse_if(body.stream_options is not None and not body.stream, "stream_options", "only allowed when stream is true")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _refuse_if(getattr(body, name) not in (None, 0.0), name, f"penalties are not supported by this server (only 0), got {getattr(body, name)}")
-    _refuse_if(bool(body.logit_bias), "logit_bias", "logit biases are not supported by this server")
+    vocab = limits.tokenizer.vocab_size
+    for name, ids in (("logit_bias", [int(k) for k in body.logit_bias or {}]), ("stop_token_ids", body.stop_token_ids or [])):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"Invalid '{name}': token id {bad} is outside the vocabulary [0, {vocab}).", name,
+                              "invalid_value")
+    _refuse_if(bool(body.min_tokens) and bool(body.stop), "min_tokens",
+               "with stop strings is not supported: stop strings would not wait for min_tokens, as they do in vLLM")
 
 
 def _refuse_if(condition: bool, param: str, message: str) -> None:
@@ -419,14 +451,26 @@ def _max_tokens(asked: int | None, param: str, default: int, prompt_tokens: int,
 
 
 def _prepared(body: _GenerationBody, limits: ModelLimits, request_id: str, ids: tuple[int, ...], max_tokens: int,
-              endpoints: tuple[int, ...]) -> PreparedRequest:
+              endpoints: tuple[int, ...], logprobs: int | None) -> PreparedRequest:
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=None if body.top_k is None else min(body.top_k, limits.tokenizer.vocab_size),  # a wider cut cuts nothing
         seed=None if body.seed is None else _int64_seed(body.seed),
+        min_p=body.min_p or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=tuple(sorted((int(k), v) for k, v in (body.logit_bias or {}).items())),
     )
-    generation = GenerationRequest(request_id, ids, max_tokens, sampling, body.stop, endpoints)
+    min_tokens = body.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise bad_request(f"Invalid 'min_tokens': {min_tokens} is more than the {max_tokens} tokens the request may "
+                          "generate (max_tokens).", "min_tokens", "invalid_value")
+    generation = GenerationRequest(request_id, ids, max_tokens, sampling, body.stop, endpoints, logprobs=logprobs,
+                                   min_tokens=min_tokens, ignore_eos=bool(body.ignore_eos),
+                                   stop_token_ids=tuple(body.stop_token_ids or ()),
+                                   include_stop_str_in_output=bool(body.include_stop_str_in_output))
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return PreparedRequest(generation, bool(body.stream), include_usage)
 

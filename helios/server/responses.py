@@ -2,7 +2,9 @@
 
 One ``ResponseShape`` per endpoint knows its ``object`` names and where the
 text goes (``text`` for completions, ``message`` / ``delta`` for chat); the
-rest (ids, ``created``, ``model``, ``usage``) is common.
+rest (ids, ``created``, ``model``, ``usage``) is common. A choice's
+``logprobs`` is null unless the request asked (``helios.server.logprobs``
+builds the object).
 """
 
 from __future__ import annotations
@@ -38,15 +40,16 @@ class ResponseHeader:
 class CompletionShape:
     """``/v1/completions``: ``text_completion`` objects, text in ``choices[0].text``."""
 
-    def full(self, header: ResponseHeader, text: str, finish_reason: str, usage: Usage) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def full(self, header: ResponseHeader, text: str, finish_reason: str, usage: Usage,
+             logprobs: dict | None = None) -> dict:
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return _envelope(header, "text_completion", [choice]) | {"usage": usage.body()}
 
     def first_chunk(self, header: ResponseHeader) -> dict | None:
         return None  # completions streams have no role preamble
 
-    def chunk(self, header: ResponseHeader, text: str, finish_reason: str | None) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def chunk(self, header: ResponseHeader, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return _envelope(header, "text_completion", [choice])
 
     def usage_chunk(self, header: ResponseHeader, usage: Usage) -> dict:
@@ -57,23 +60,24 @@ class CompletionShape:
 class ChatShape:
     """``/v1/chat/completions``: ``chat.completion`` bodies and ``chat.completion.chunk`` deltas."""
 
-    def full(self, header: ResponseHeader, text: str, finish_reason: str, usage: Usage) -> dict:
+    def full(self, header: ResponseHeader, text: str, finish_reason: str, usage: Usage,
+             logprobs: dict | None = None) -> dict:
         message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return _envelope(header, "chat.completion", [choice]) | {"usage": usage.body()}
 
     def first_chunk(self, header: ResponseHeader) -> dict | None:
         # OpenAI opens a chat stream with the role and empty content.
         return self._chunk(header, {"role": "assistant", "content": ""}, None)
 
-    def chunk(self, header: ResponseHeader, text: str, finish_reason: str | None) -> dict:
-        return self._chunk(header, {"content": text} if text else {}, finish_reason)
+    def chunk(self, header: ResponseHeader, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return self._chunk(header, {"content": text} if text else {}, finish_reason, logprobs)
 
     def usage_chunk(self, header: ResponseHeader, usage: Usage) -> dict:
         return _envelope(header, "chat.completion.chunk", []) | {"usage": usage.body()}
 
-    def _chunk(self, header: ResponseHeader, delta: dict, finish_reason: str | None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def _chunk(self, header: ResponseHeader, delta: dict, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return _envelope(header, "chat.completion.chunk", [choice])
 
 

@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from helios.runtime.engine_api import GenerationFailed
 from helios.server.errors import generation_failed
 from helios.server.generation import Generation
+from helios.server.logprobs import LogprobsFormat
 from helios.server.responses import ResponseHeader, ResponseShape
 
 DONE = b"data: [DONE]\n\n"
@@ -60,8 +61,10 @@ class EventStreamResponse(StreamingResponse):
         scope.cancel()
 
 
-async def stream_events(generation: Generation, shape: ResponseShape, header: ResponseHeader, include_usage: bool) -> AsyncIterator[bytes]:
-    """The whole event stream of one request; an engine failure becomes an error event."""
+async def stream_events(generation: Generation, shape: ResponseShape, header: ResponseHeader, include_usage: bool,
+                        logprobs: LogprobsFormat | None = None) -> AsyncIterator[bytes]:
+    """The whole event stream of one request; an engine failure becomes an error event. With
+    ``logprobs`` each chunk carries its tokens' logprobs."""
 
     def framed(body: dict) -> bytes:
         return event(body | {"usage": None} if include_usage else body)
@@ -73,7 +76,8 @@ async def stream_events(generation: Generation, shape: ResponseShape, header: Re
         async for delta in generation.deltas():
             reason = delta.finish_reason.value if delta.finish_reason else None
             if delta.text or reason:
-                yield framed(shape.chunk(header, delta.text, reason))
+                body = logprobs.body(delta.logprobs) if logprobs is not None else None
+                yield framed(shape.chunk(header, delta.text, reason, body))
     except GenerationFailed as exc:
         yield event(generation_failed(exc).body())
     else:
