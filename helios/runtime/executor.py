@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -154,6 +154,7 @@ class FrameResult:
     records: tuple[CompletionRecord, ...]
     timing: ExecutionTiming
     logprobs: Mapping = None  # handle -> TokenLogprobs of the record's tokens, for lanes that asked
+    prompt_logprobs: Mapping = None  # handle -> scored prefill: TokenLogprobs of the prompt tokens it scored
 
 
 class PageTable:
@@ -329,6 +330,18 @@ def _draft_tokens(graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Ma
 _NO_CONTEXT = LaneContext(RowSampling())
 
 
+def _scored_prompt(frame: BoundFrame, read: FrameOutputs) -> dict:
+    """A scored prefill's prompt scores with the prompt token each one scores (positions start + 1 on)."""
+    if read.prompt_scores is None:
+        return {}
+    lane = frame.rows[0].lane
+    prompt = frame.contexts[lane.handle].prompt if lane.handle in frame.contexts else ()
+    following = prompt[lane.prompt_start + 1:lane.prompt_start + 1 + len(read.prompt_scores)]
+    if len(following) != len(read.prompt_scores):
+        return {}  # no prompt to name the tokens by (a hand-bound frame)
+    return {lane.handle: tuple(replace(s, token_id=t) for s, t in zip(read.prompt_scores, following))}
+
+
 def _context_of(contexts: Mapping, row: BoundRow) -> LaneContext:
     return contexts.get(row.lane.handle, _NO_CONTEXT)
 
@@ -366,7 +379,8 @@ class Executor:
         logprobs = {rec.handle: read.logprobs[r.row][: len(rec.tokens)] for r, rec in zip(frame.rows, records)
                     if r.row in read.logprobs}
         wall_ns = max(0, time.monotonic_ns() - dispatched_ns)
-        return FrameResult(records, ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns), logprobs)
+        timing = ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns)
+        return FrameResult(records, timing, logprobs, _scored_prompt(frame, read))
 
     def _timed_call(self, program: Program, named: dict) -> tuple[Mapping[str, torch.Tensor], int]:
         """The program's own device interval: CUDA events on a GPU, the call's host interval on CPU."""

@@ -41,6 +41,7 @@ class FrameOutputs:
     confidence: tuple[tuple[float, ...], ...] | None  # per slot: joint prefix probabilities [1, slot, :]
     survival: tuple[tuple[float, ...], ...] | None  # per row: cumulative min(1, p/q) products
     logprobs: Mapping[int, tuple[TokenLogprob, ...]] = None  # row -> its committed tokens' logprobs (rows asked)
+    prompt_scores: tuple[TokenLogprob, ...] | None = None  # scored prefill: each chunk token's successor, scored
 
     def offered(self, row) -> int:
         """Drafts the row verified: the program's count where it reports one, else the host's."""
@@ -72,7 +73,27 @@ def read_outputs(graph: GraphDescriptor, rows: Sequence, outputs: Mapping[str, A
         confidence=_confidence(graph, outputs, slots),
         survival=_probabilities(graph, outputs, "survival", (b, max(graph.proposal_depth, 1))),
         logprobs={row.row: _row_logprobs(graph, outputs, row.row, committed[row.row]) for row in wanting},
+        prompt_scores=_prompt_scores(graph, rows, outputs),
     )
+
+
+def _prompt_scores(graph: GraphDescriptor, rows: Sequence, outputs: Mapping[str, Any]) -> tuple[TokenLogprob, ...] | None:
+    """A scored prefill's prompt row: for chunk position i, the prompt token after it with its logprob and
+    the best alternatives there (spec C1). The last position of a final chunk scores nothing (no token follows)."""
+    if "logprobs" not in outputs or not rows:
+        return None
+    lane = rows[0].lane
+    length = lane.prompt_tokens - (1 if lane.finishes_prompt else 0)
+    scored = _host(graph, outputs, "logprobs", (graph.prefill_capacity,))[:length]
+    if "prompt_top_logprobs" not in outputs:
+        raise FrameOutputError(f"{graph.id}: scored prefill without 'prompt_top_logprobs' (program contract 3)")
+    best = outputs["prompt_top_logprobs"][:length].tolist()
+    best_ids = outputs["prompt_top_token_ids"][:length].tolist()
+    bad = next((v for v in [*scored, *(v for top in best for v in top)] if not v <= LOGPROB_SLACK), None)
+    if bad is not None:
+        raise FrameOutputError(f"{graph.id}: prompt logprob {bad} is not a log-probability")
+    return tuple(TokenLogprob(-1, min(p, 0.0), tuple(Alternative(i, min(v, 0.0)) for i, v in zip(ids, top)))
+                 for p, ids, top in zip(scored, best_ids, best))
 
 
 def _row_logprobs(graph: GraphDescriptor, outputs: Mapping[str, Any], row: int,

@@ -147,7 +147,7 @@ def run_frame(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, draft
     if shape.absorb:
         absorb(draft, dw, x, tokens, rows.starts, rows.start_pos, committed_lens)
     if shape.scored:
-        out["logprobs"] = _prompt_logprobs(model, w, shape, x, hidden)
+        out.update(_prompt_logprobs(model, w, shape, x, hidden))
     if shape.speculative:
         out["verified_lens"] = x.query_lens.int()
     if proposals is not None:
@@ -313,12 +313,19 @@ def _accepted_drafts(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Ten
     return match.long().cumprod(dim=1).sum(dim=1)
 
 
-def _prompt_logprobs(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, hidden: Tensor) -> Tensor:
-    """log P(token after position i) for the prompt row's tokens ``[C]`` (prompt row 0 at offset 0)."""
-    logits = model.logits(w, hidden[: shape.prompt])[..., : model.config.sampled_vocab_size]
+def _prompt_logprobs(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, hidden: Tensor) -> dict[str, Tensor]:
+    """log P(token after position i) for the prompt row's tokens ``[C]`` (prompt row 0 at offset 0), and the
+    raw distribution's best ``[C, K]`` there; 0 at and after the chunk's length."""
+    vocab = model.config.sampled_vocab_size
+    logits = model.logits(w, hidden[: shape.prompt])[..., :vocab]
     i = torch.arange(shape.prompt, device=hidden.device)
     length = x.query_lens[0].long()
     following = x.prompt_tokens[(i + 1).clamp(max=shape.prompt - 1)]
     following = torch.where(i == length - 1, x.next_prompt_token, following).clamp(0, logits.shape[-1] - 1)
-    picked = logits.log_softmax(-1).gather(1, following[:, None])[:, 0]
-    return torch.where(i < length, picked, 0.0)
+    logprobs = logits.log_softmax(-1)
+    picked = logprobs.gather(1, following[:, None])[:, 0]
+    best = logprobs.topk(top_logprobs_width(vocab), dim=-1)
+    real = i < length
+    return {"logprobs": torch.where(real, picked, 0.0),
+            "prompt_top_logprobs": torch.where(real[:, None], best.values, 0.0),
+            "prompt_top_token_ids": torch.where(real[:, None], best.indices, 0)}

@@ -259,7 +259,9 @@ def _output_specs(shape: FrameShape, slots: int, top: int) -> tuple[TensorSpec, 
         TensorSpec("top_token_ids", (shape.batch, shape.width, top), torch.int64),
     ]
     if shape.scored:
-        specs.append(TensorSpec("logprobs", (shape.prompt,), torch.float32))
+        specs += [TensorSpec("logprobs", (shape.prompt,), torch.float32),
+                  TensorSpec("prompt_top_logprobs", (shape.prompt, top), torch.float32),
+                  TensorSpec("prompt_top_token_ids", (shape.prompt, top), torch.int64)]
     if shape.speculative:
         specs.append(TensorSpec("verified_lens", (shape.batch,), torch.int32))
     if shape.prefix_limit:

@@ -288,3 +288,47 @@ def test_include_stop_str_in_output_keeps_the_stop_string(catalog, eager):
                     GenerationRequest("k", prompt, 12, GREEDY, (stop,), include_stop_str_in_output=True))
     at = free.find(stop)
     assert cut[0] == free[:at] and kept[0] == free[: at + len(stop)]
+
+
+# ---------------------------------------------------------------------------
+# Scored prefill through the executor (issue 18 item 1: the program and executor parts)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.numerics
+def test_scored_prefill_chunks_give_every_prompt_tokens_logprob_and_alternatives():
+    from flare_contract.graphs import GraphDescriptor, GraphKind
+    from helios.runtime.executor import Executor, LaneContext, RowSampling, bind
+    from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle, ScheduledPlan, SelectionReason
+    from ignition.models.programs import StateLayout, build_program
+    from tiny_catalog import _named, bundled_checkpoints
+
+    target, _ = bundled_checkpoints()
+    layout = StateLayout(request_slots=2, page_size=16, num_pages=16, max_pages_per_slot=8)
+    graph = GraphDescriptor("scored_p32", GraphKind.SCORED_PREFILL, 1, prefill_capacity=32)
+    spec = build_program(graph, target.config, layout, target.weights)
+    executor = Executor(layout.new_state(target.config), lambda _: _named(spec, spec.example_args[0]), frozenset())
+    table = torch.full((2, 8), -1, dtype=torch.int32)
+    table[1] = torch.arange(8, dtype=torch.int32)
+    from helios.text.tokenizer import CheckpointTokenizer
+    from tiny_catalog import REPO
+
+    tokenizer = CheckpointTokenizer.from_folder(REPO / "ignition" / "models" / "bundled" / "flare-tiny" / "target")
+    prompt = tuple(tokenizer.encode("def main(argv):\n    import os, sys\n    return os.getcwd() + sys.argv[0]\n",
+                                    add_special_tokens=True))
+    assert 24 < len(prompt) <= 48
+    handle = RequestHandle(1, 1)
+    scores = []
+    for start, count in ((0, 24), (24, len(prompt) - 24)):  # two chunks, the second one final
+        lane = PlannedLane(handle, LanePhase.PROMPT, prompt_start=start, prompt_tokens=count,
+                           finishes_prompt=start + count == len(prompt))
+        plan = ScheduledPlan(graph, (lane,), SelectionReason.ORDINARY, 0, 1.0, 0.0)
+        context = {handle: LaneContext(RowSampling(), prompt=prompt)}
+        scores.extend(executor.run(bind(plan, context, table), 0).prompt_logprobs[handle])
+    assert [s.token_id for s in scores] == list(prompt[1:])  # every prompt token but the first is scored
+    for i, score in enumerate(scores):
+        logits = next_token_logits(list(prompt[: i + 1]))
+        want = logits.log_softmax(-1)
+        margin = near_tie_margin(logits, qwen3_tolerance(target_config(), i + 2))
+        assert abs(score.logprob - float(want[score.token_id])) <= margin, i
+        assert [a.logprob for a in score.top] == pytest.approx(want.topk(len(score.top)).values.tolist(), abs=margin)

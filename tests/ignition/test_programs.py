@@ -164,6 +164,10 @@ def test_C1_scored_prefill_logprobs_equal_plain_log_softmax():
     want = full[torch.arange(7), torch.tensor(prompt[1:8])]
     assert_close_paths(out["logprobs"][:7], want, TOLERANCE, "scored logprobs")
     assert torch.all(out["logprobs"][7:] == 0)
+    top = out["prompt_top_logprobs"][:7]  # the best alternatives at each prompt position, most likely first
+    assert_close_paths(top, full[:7].topk(top.shape[1]).values, TOLERANCE, "prompt top logprobs")
+    assert_close_paths(full[:7].gather(1, out["prompt_top_token_ids"][:7]), top, TOLERANCE, "named alternatives")
+    assert torch.all(out["prompt_top_logprobs"][7:] == 0)
 
 
 def _drafts(continuation: list[int], wrong_at: int | None, width: int) -> list[int]:
