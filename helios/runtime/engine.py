@@ -48,7 +48,7 @@ from helios.runtime.engine_api import (
     TextDelta,
     TokenLogprob,
 )
-from flare_contract.sampling import BIAS_FOREVER
+from flare_contract.sampling import BIAS_FOREVER, SUPPRESSED_ENTRIES
 from helios.runtime.executor import (
     BiasEntry,
     BoundFrame,
@@ -393,7 +393,11 @@ class HeliosEngine:
         bias = [BiasEntry(token_id, value, BIAS_FOREVER) for token_id, value in s.logit_bias]
         if request.min_tokens:
             until = len(request.prompt_token_ids) + request.min_tokens
-            bias += [BiasEntry(t, float("-inf"), until) for t in sorted(self._eos | set(request.stop_token_ids))]
+            ending = sorted(self._eos | set(request.stop_token_ids))
+            if len(ending) > SUPPRESSED_ENTRIES:
+                raise RequestRejected(f"min_tokens would suppress {len(ending)} ending ids (end-of-sequence and "
+                                      f"stop_token_ids); the programs hold {SUPPRESSED_ENTRIES}", "min_tokens")
+            bias += [BiasEntry(t, float("-inf"), until) for t in ending]
         return row_sampling(s.temperature, s.top_k, s.top_p, seed, self.tokenizer.vocab_size, min_p=s.min_p,
                             repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
                             frequency_penalty=s.frequency_penalty, bias=tuple(bias))

@@ -55,7 +55,7 @@ class FinishReason(str, Enum):
 
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries (flare_contract.sampling.LOGIT_BIAS_ENTRIES)
 MAX_TOP_LOGPROBS = 20  # alternatives per token the programs report (flare_contract.sampling.TOP_LOGPROBS)
-MAX_STOP_TOKEN_IDS = 19  # with one end-of-sequence id, what min_tokens can suppress (SUPPRESSED_ENTRIES)
+MAX_STOP_TOKEN_IDS = 16  # with up to 4 end-of-sequence ids, what min_tokens can suppress (SUPPRESSED_ENTRIES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,7 @@ def _bias(controls: LogitControls, positions: Tensor, vocab: int) -> Tensor:
     """``[B, W, V]``: each entry's value at its id where the produced position is below its ``until``."""
     b, w = positions.shape
     live = positions.long()[:, :, None] < controls.bias_until.long()[:, None, :]  # [B, W, E]
+    live = live & (controls.bias_ids < vocab)[:, None, :]  # an id the programs never produce changes nothing
     values = torch.where(live, controls.bias_values[:, None, :], 0.0)
     ids = controls.bias_ids.clamp(0, vocab - 1)[:, None, :].expand(b, w, -1)
     # -inf entries: counted apart, so -inf + a finite bias on the same id stays -inf (never inf - inf)
