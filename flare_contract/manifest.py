@@ -19,7 +19,7 @@ import yaml
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 
-FORMAT_VERSION = 2  # 2: draft state, combined target+draft weights inputs (program contract v2)
+FORMAT_VERSION = 3  # 3: output logprobs, sampling controls, token history state; 2: draft state
 MANIFEST_NAME = "catalog.yaml"
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from flare_contract.manifest import FORMAT_VERSION
 from helios.catalog.load import Catalog, CatalogError, load
 from helios.runtime.engine import EngineConfig, HeliosEngine, select_programs
 from helios.sim.estimates import estimates_document, write_estimates
@@ -303,8 +304,9 @@ def ignition_root() -> Path:
 
 
 def _bundle_digest(package_root: Path) -> str:
-    """Names the cache folder by what shapes the catalog: recipe, bundled weights, torch release."""
-    digest = hashlib.sha256(torch.__version__.split("+")[0].encode())
+    """Names the cache folder by what shapes the catalog: recipe, bundled weights, torch release, and the
+    catalog format (a new program contract captures afresh instead of finding a catalog it refuses)."""
+    digest = hashlib.sha256(f"{torch.__version__.split('+')[0]} format {FORMAT_VERSION}".encode())
     for path in sorted([package_root / "recipes" / f"{DEFAULT_RECIPE}.yaml",
                         *(package_root / "models" / "bundled" / DEFAULT_RECIPE).rglob("*")]):
         if path.is_file():

@@ -370,7 +370,8 @@ def _check_format_version(root: Path, version: Any) -> None:
     if version != FORMAT_VERSION:
         raise CatalogError(
             f"{root}: catalog format version {version} but this Flare reads version "
-            f"{FORMAT_VERSION} (program contract {FORMAT_VERSION}: draft state and in-program proposals); "
+            f"{FORMAT_VERSION} (program contract {FORMAT_VERSION}: output logprobs, sampling controls and token history "
+            "state in the programs); "
             "recapture it with `ignition capture`"
         )
 

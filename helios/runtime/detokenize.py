@@ -11,7 +11,8 @@ Two small pieces the engine runs per request, in the control thread:
   U+FFFD once a character's longest byte span has passed.
 - ``StopBuffer`` applies stop strings. Text that could still grow into a stop
   string is held back until it cannot; once a stop string appears, the text
-  before it is released and the stop string itself never is.
+  before it is released and the stop string itself is not, unless asked
+  (``include_stop``, vLLM's ``include_stop_str_in_output``).
 """
 
 from __future__ import annotations
@@ -66,18 +67,20 @@ class Released:
 class StopBuffer:
     """Holds back text that may still become a stop string; cuts at the first stop string."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], include_stop: bool = False) -> None:
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
         self._stops = tuple(stops)
+        self._include = include_stop  # vLLM's include_stop_str_in_output: release the stop string too
         self._held = ""
 
     def push(self, text: str) -> Released:
         pending = self._held + text
-        cut = min((i for i in (pending.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, -len(s)) for s in self._stops if (i := pending.find(s)) >= 0]
+        if found:
+            cut, longest = min(found)  # the earliest stop string; of those starting there, the longest
             self._held = ""
-            return Released(pending[:cut], stopped=True)
+            return Released(pending[: cut - longest if self._include else cut], stopped=True)
         keep = self._partial_suffix(pending)
         self._held = pending[len(pending) - keep:] if keep else ""
         return Released(pending[: len(pending) - keep])
@@ -101,9 +104,9 @@ class StopBuffer:
 class OutputText:
     """One request's output: incremental decoding followed by stop buffering."""
 
-    def __init__(self, tokenizer: Decodes, stops: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Decodes, stops: Sequence[str], include_stop: bool = False) -> None:
         self._decoder = IncrementalDecoder(tokenizer)
-        self._stops = StopBuffer(stops)
+        self._stops = StopBuffer(stops, include_stop)
 
     def add(self, token_ids: Sequence[int]) -> Released:
         return self._stops.push(self._decoder.add(token_ids))

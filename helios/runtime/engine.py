@@ -47,8 +47,11 @@ from helios.runtime.engine_api import (
     RequestRejected,
     SpeculativeTotals,
     TextDelta,
+    TokenLogprob,
 )
+from flare_contract.sampling import BIAS_FOREVER, SUPPRESSED_ENTRIES
 from helios.runtime.executor import (
+    BiasEntry,
     BoundFrame,
     Executor,
     FrameResult,
@@ -179,9 +182,11 @@ class Live:
     sampling: RowSampling
     text: OutputText
     deliver: Callable[[TextDelta | Exception], None]
+    stop_ids: frozenset[int] | None = None  # ids that end it (ignore_eos, stop_token_ids); None: end-of-sequence
     handle: RequestHandle | None = None
     output: list[int] = field(default_factory=list)  # committed output tokens
     unreported: list[int] = field(default_factory=list)  # token ids not yet carried by a delta
+    unreported_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, when the request asked
     done: bool = False  # its last delta (or failure) was delivered
 
     def history(self) -> list[int]:
@@ -396,12 +401,34 @@ class HeliosEngine:
         self._waiting.reserve(self.scheduler.request_slots - len(self._by_slot))  # EngineOverloaded: a 503
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
-        s = request.sampling
-        seed = s.seed if s.seed is not None else random.getrandbits(62)
-        sampling = row_sampling(s.temperature, s.top_k, s.top_p, seed, self.tokenizer.vocab_size)
-        live = Live(request, sampling, OutputText(self.tokenizer, request.stop), _deliverer(loop, deltas))
+        live = Live(request, self._row_sampling(request),
+                    OutputText(self.tokenizer, request.stop, request.include_stop_str_in_output),
+                    _deliverer(loop, deltas), self._stop_ids(request))
         self._events.put(_Submitted(live))
         return self._relay(request.request_id, deltas)
+
+    def _row_sampling(self, request: GenerationRequest) -> RowSampling:
+        """The request's program sampling row: its controls, and ``min_tokens`` as bias entries that
+        forbid the ids ending it at output positions below ``prompt + min_tokens``."""
+        s = request.sampling
+        seed = s.seed if s.seed is not None else random.getrandbits(62)
+        bias = [BiasEntry(token_id, value, BIAS_FOREVER) for token_id, value in s.logit_bias]
+        if request.min_tokens:
+            until = len(request.prompt_token_ids) + request.min_tokens
+            ending = sorted(self._eos | set(request.stop_token_ids))
+            if len(ending) > SUPPRESSED_ENTRIES:
+                raise RequestRejected(f"min_tokens would suppress {len(ending)} ending ids (end-of-sequence and "
+                                      f"stop_token_ids); the programs hold {SUPPRESSED_ENTRIES}", "min_tokens")
+            bias += [BiasEntry(t, float("-inf"), until) for t in ending]
+        return row_sampling(s.temperature, s.top_k, s.top_p, seed, self.tokenizer.vocab_size, min_p=s.min_p,
+                            repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+                            frequency_penalty=s.frequency_penalty, bias=tuple(bias))
+
+    def _stop_ids(self, request: GenerationRequest) -> frozenset[int] | None:
+        """The ids that end the request; None: the executor's end-of-sequence ids."""
+        if not (request.ignore_eos or request.stop_token_ids):
+            return None
+        return (frozenset() if request.ignore_eos else self._eos) | frozenset(request.stop_token_ids)
 
     def _check_fits(self, request: GenerationRequest) -> None:
         prompt = len(request.prompt_token_ids)
@@ -613,11 +640,14 @@ class HeliosEngine:
 
     def _lane_context(self, live: Live, lane: PlannedLane, plan: ScheduledPlan) -> LaneContext:
         """A prompt lane's prompt; a copy-source lane's prompt-lookup drafts (learned programs draw their own)."""
+        wants = live.request.logprobs is not None
         if lane.phase is LanePhase.PROMPT:
-            return LaneContext(live.sampling, prompt=live.request.prompt_token_ids)
+            return LaneContext(live.sampling, prompt=live.request.prompt_token_ids, stop_ids=live.stop_ids,
+                               logprobs=wants)
         if not (takes_host_drafts(plan.graph) and plan.graph.draws_proposals):
-            return LaneContext(live.sampling)
-        return LaneContext(live.sampling, drafts=prompt_lookup(live.history(), lane.query_length - 1))
+            return LaneContext(live.sampling, stop_ids=live.stop_ids, logprobs=wants)
+        return LaneContext(live.sampling, drafts=prompt_lookup(live.history(), lane.query_length - 1),
+                           stop_ids=live.stop_ids, logprobs=wants)
 
     def _lane_extent(self, live: Live, lane: PlannedLane, plan: ScheduledPlan) -> int:
         """Cache positions the lane may write through this frame (S3, A11, A13).
@@ -649,8 +679,9 @@ class HeliosEngine:
             records, timing = (), _unmeasured(event.dispatched_ns)
             generated = self._retire_fence(event.fence, plan, timing)
         self._count(plan, records, timing)
+        logprobs = (event.result.logprobs if event.result is not None else None) or {}
         for token in generated:
-            self._publish_or_fail(self._by_slot[token.handle.slot], token)
+            self._publish_or_fail(self._by_slot[token.handle.slot], token, logprobs.get(token.handle, ()))
         for lane in plan.lanes:
             live = self._by_slot.get(lane.handle.slot)
             if live is not None and live.handle == lane.handle:
@@ -685,21 +716,27 @@ class HeliosEngine:
             if live is not None and live.handle == lane.handle:
                 self._end(live, GenerationFailed(message))
 
-    def _publish_or_fail(self, live: Live, token: GeneratedToken) -> None:
+    def _publish_or_fail(self, live: Live, token: GeneratedToken, logprobs: Sequence[TokenLogprob] = ()) -> None:
         """Publish one request's tokens; if that raises (detokenizing, say), only this request fails."""
         try:
-            self._publish(live, token)
+            self._publish(live, token, logprobs)
         except Exception as error:
             log.error("publishing output of request %s failed", live.request.request_id, exc_info=error)
             self._end(live, GenerationFailed(f"publishing the output failed: {error}"))
 
-    def _publish(self, live: Live, token: GeneratedToken) -> None:
-        """Detokenize, apply stops, deliver, and report visible output (A4) before the next completion."""
+    def _publish(self, live: Live, token: GeneratedToken, logprobs: Sequence[TokenLogprob] = ()) -> None:
+        """Detokenize, apply stops, deliver, and report visible output (A4) before the next completion.
+
+        A stop_token_ids id that ended the request is output as a token; its text is
+        dropped unless ``include_stop_str_in_output`` (vLLM's behaviour).
+        """
         if live.done:
             return
         live.output.extend(token.tokens)
         live.unreported.extend(token.tokens)
-        released = live.text.add(token.tokens)
+        if live.request.logprobs is not None:
+            live.unreported_logprobs.extend(_trimmed(logprobs[: len(token.tokens)], live.request.logprobs))
+        released = live.text.add(self._text_tokens(live, token))
         text, reason = released.text, FinishReason.STOP if released.stopped else None
         if reason is None and token.finished:
             tail = live.text.finish()
@@ -707,14 +744,24 @@ class HeliosEngine:
             reason = FinishReason.STOP if tail.stopped or token.finish_reason == "stop" else FinishReason.LENGTH
         if not text and reason is None:
             return  # held back: no visible output yet, so no delivery is reported
-        delta = TextDelta(text, tuple(live.unreported), reason)
+        delta = TextDelta(text, tuple(live.unreported), reason, tuple(live.unreported_logprobs))
         live.unreported.clear()
+        live.unreported_logprobs.clear()
         if text:
             self.scheduler.published_output(live.handle, token.fence)
         if reason is None:
             live.deliver(delta)
         else:
             self._end(live, delta)
+
+    def _text_tokens(self, live: Live, token: GeneratedToken) -> tuple[int, ...]:
+        """The tokens whose text is output: all but a final stop_token_ids id, unless asked."""
+        request = live.request
+        last = token.tokens[-1] if token.tokens else None
+        if (token.finished and last in request.stop_token_ids and last not in self._eos
+                and not request.include_stop_str_in_output):
+            return token.tokens[:-1]
+        return token.tokens
 
     def _count(self, plan: ScheduledPlan, records, timing: ExecutionTiming) -> None:
         c = self._counters
@@ -756,6 +803,11 @@ def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout:
     """
     headroom = max((g.proposal_depth for g in graphs if g.is_prefix_limit), default=0)
     return min(int(catalog.envelope.extra.get("context_length", 1 << 30)), layout.slot_capacity - headroom)
+
+
+def _trimmed(logprobs: Sequence[TokenLogprob], top: int) -> list[TokenLogprob]:
+    """Each token's logprob with the request's number of alternatives."""
+    return [replace(lp, top=lp.top[:top]) for lp in logprobs]
 
 
 def _unmeasured(dispatched_ns: int) -> ExecutionTiming:

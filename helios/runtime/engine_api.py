@@ -53,19 +53,34 @@ class FinishReason(str, Enum):
     ABORT = "abort"  # the engine ended it early: a shutdown drain ran out of grace
 
 
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries (flare_contract.sampling.LOGIT_BIAS_ENTRIES)
+MAX_TOP_LOGPROBS = 20  # alternatives per token the programs report (flare_contract.sampling.TOP_LOGPROBS)
+MAX_STOP_TOKEN_IDS = 16  # with up to 4 end-of-sequence ids, what min_tokens can suppress (SUPPRESSED_ENTRIES)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Per-request sampling, validated at construction.
 
     temperature 0 means greedy. ``top_k`` None means no top-k cut; ``seed``
     None means unseeded. A seeded request's token at each absolute position
-    must not depend on which programs or cohorts served it (issue 5).
+    must not depend on which programs or cohorts served it (issue 5). The
+    controls (vLLM's meanings) run inside the programs' sampling, so they keep
+    that guarantee: ``min_p`` (0: none), ``repetition_penalty`` (1: none; over
+    prompt and output tokens), ``presence_penalty`` and ``frequency_penalty``
+    (0: none; over output tokens), ``logit_bias`` (token id, bias) pairs added
+    to the logits (greedy rows too).
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
     seed: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0):
@@ -74,6 +89,17 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be None (no cut) or >= 1, got {self.top_k}")
+        if not (math.isfinite(self.min_p) and 0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (math.isfinite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 2.0):
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (math.isfinite(getattr(self, name)) and -2.0 <= getattr(self, name) <= 2.0):
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has at most {MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}")
+        if any(not (math.isfinite(b) and -100.0 <= b <= 100.0) for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
@@ -95,6 +121,11 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     endpoints: tuple[int, ...] = ()
+    logprobs: int | None = None  # report each output token's logprob and this many alternatives (None: none)
+    min_tokens: int = 0  # end-of-sequence and stop_token_ids cannot be produced before this many output tokens
+    ignore_eos: bool = False  # the end-of-sequence ids do not end the request
+    stop_token_ids: tuple[int, ...] = ()  # further ids that end it (the id is output; its text only with
+    include_stop_str_in_output: bool = False  # ... this, which also keeps a matched stop string in the text)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -104,6 +135,30 @@ class GenerationRequest:
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         assert all(0 < e <= len(self.prompt_token_ids) for e in self.endpoints), "endpoints lie inside the prompt"
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.logprobs}")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be in 0..max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got {len(self.stop_token_ids)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One of the most likely tokens at an output position."""
+
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """An output token's log-probability under the model's raw distribution at its position (before
+    temperature, penalties, bias and filtering: vLLM's default), and that distribution's best tokens."""
+
+    token_id: int
+    logprob: float
+    top: tuple[Alternative, ...]  # most likely first; the programs report MAX_TOP_LOGPROBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +168,7 @@ class TextDelta:
     text: str
     token_ids: tuple[int, ...] = ()
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked for logprobs
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,11 +30,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from flare_contract.graphs import GraphDescriptor, GraphKind
+from flare_contract.sampling import BIAS_CAPACITY, BIAS_FOREVER
 from helios.runtime.frame_outputs import FrameOutputs, read_outputs
 from helios.ops.layout import NO_PAGE
 from helios.runtime.pages import PageAllocator, PageLayout
@@ -53,8 +54,18 @@ FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
 
 @dataclass(frozen=True, slots=True)
+class BiasEntry:
+    """One ``bias_*`` row: add ``value`` to token ``token_id``'s logit at produced positions below ``until``."""
+
+    token_id: int
+    value: float  # -inf: the token cannot be produced there
+    until: int = BIAS_FOREVER
+
+
+@dataclass(frozen=True, slots=True)
 class RowSampling:
-    """One row's sampling inputs; temperature 0 is greedy, top_k 0 and top_p 1 cut nothing.
+    """One row's sampling inputs; temperature 0 is greedy, top_k 0 and top_p 1 cut nothing,
+    ``min_p`` 0, ``repetition_penalty`` 1, the other penalties 0 and no bias change nothing.
 
     Each value must fit the program input that carries it (``top_k`` int32,
     ``seed`` int64, ``top_p`` a positive float32): ``row_sampling`` fits a
@@ -66,8 +77,17 @@ class RowSampling:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    bias: tuple[BiasEntry, ...] = ()
 
     def __post_init__(self) -> None:
+        if len(self.bias) > BIAS_CAPACITY:
+            raise ValueError(f"at most {BIAS_CAPACITY} bias entries fit a program row, got {len(self.bias)}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
             raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
         if not 0 <= self.top_k <= INT32_MAX:
@@ -78,7 +98,8 @@ class RowSampling:
             raise ValueError(f"top_p must be in [{FLOAT32_TINY}, 1] (a positive float32), got {self.top_p}")
 
 
-def row_sampling(temperature: float, top_k: int | None, top_p: float, seed: int, vocab_size: int) -> RowSampling:
+def row_sampling(temperature: float, top_k: int | None, top_p: float, seed: int, vocab_size: int,
+                 **controls) -> RowSampling:
     """A request's sampling parameters as the program inputs can hold them, with the same meaning.
 
     ``top_k`` above the vocabulary cuts nothing, so it is clamped to it (None:
@@ -88,7 +109,7 @@ def row_sampling(temperature: float, top_k: int | None, top_p: float, seed: int,
     only the most likely token, as top-p sampling always keeps at least one.
     """
     return RowSampling(temperature=temperature, top_k=min(top_k or 0, vocab_size), top_p=max(top_p, FLOAT32_TINY),
-                       seed=int64_seed(seed))
+                       seed=int64_seed(seed), **controls)
 
 
 def int64_seed(seed: int) -> int:
@@ -103,6 +124,8 @@ class LaneContext:
     sampling: RowSampling
     prompt: tuple[int, ...] = ()  # the whole prompt; a prompt lane uploads its chunk of it
     drafts: tuple[int, ...] = ()  # proposals following the pending token (decode lanes)
+    stop_ids: frozenset[int] | None = None  # ids that end the request (None: the executor's end-of-sequence ids)
+    logprobs: bool = False  # read the logprob outputs of this lane's tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +146,15 @@ class BoundFrame:
     plan: ScheduledPlan
     rows: tuple[BoundRow, ...]
     inputs: Mapping[str, torch.Tensor]  # per-frame inputs by name (no weights, no state)
+    contexts: Mapping = field(default_factory=dict)  # lane handle -> LaneContext (stop ids, logprobs wanted)
 
 
 @dataclass(frozen=True, slots=True)
 class FrameResult:
     records: tuple[CompletionRecord, ...]
     timing: ExecutionTiming
+    logprobs: Mapping = None  # handle -> TokenLogprobs of the record's tokens, for lanes that asked
+    prompt_logprobs: Mapping = None  # handle -> scored prefill: TokenLogprobs of the prompt tokens it scored
 
 
 class PageTable:
@@ -188,12 +214,12 @@ def bind(plan: ScheduledPlan, contexts: Mapping, page_table: torch.Tensor) -> Bo
     if len(plan.lanes) > graph.batch_capacity:
         raise ValueError(f"{graph.id}: {len(plan.lanes)} lanes exceed B = {graph.batch_capacity}")
     rows = _layout(plan, row_lengths(plan))
-    inputs = {"page_table": page_table, **_row_inputs(graph, rows, contexts)}
+    inputs = {"page_table": page_table, **_row_inputs(graph, rows, contexts), **_control_inputs(graph.batch_capacity, rows, contexts)}
     if graph.kind in PROMPT_KINDS:
         inputs.update(_prompt_inputs(plan, rows, contexts))
     if takes_host_drafts(graph):
         inputs["draft_tokens"] = _draft_tokens(graph, rows, contexts)
-    return BoundFrame(plan, tuple(rows), inputs)
+    return BoundFrame(plan, tuple(rows), inputs, contexts)
 
 
 def _layout(plan: ScheduledPlan, lengths: Sequence[int]) -> list[BoundRow]:
@@ -231,6 +257,29 @@ def _row_inputs(graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Mapp
         "top_p": torch.tensor(top_p, dtype=torch.float32),
         "seed": torch.tensor(seed, dtype=torch.int64),
     }
+
+
+def neutral_control_inputs(batch: int) -> dict[str, torch.Tensor]:
+    """The control inputs of ``batch`` rows that ask for nothing (for callers that bind frames by hand)."""
+    return _control_inputs(batch, (), {})
+
+
+def _control_inputs(b: int, rows: Sequence[BoundRow], contexts: Mapping) -> dict[str, torch.Tensor]:
+    """min_p, penalties and bias rows (program contract version 3); padding rows change nothing."""
+    columns = {name: torch.zeros(b) for name in ("min_p", "presence_penalty", "frequency_penalty")}
+    columns["repetition_penalty"] = torch.ones(b)
+    ids = torch.zeros(b, BIAS_CAPACITY, dtype=torch.int64)
+    values = torch.zeros(b, BIAS_CAPACITY)
+    until = torch.zeros(b, BIAS_CAPACITY, dtype=torch.int32)
+    for r in rows:
+        s = contexts[r.lane.handle].sampling
+        for name in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            columns[name][r.row] = getattr(s, name)
+        if s.bias:
+            ids[r.row, : len(s.bias)] = torch.tensor([e.token_id for e in s.bias], dtype=torch.int64)
+            values[r.row, : len(s.bias)] = torch.tensor([e.value for e in s.bias])
+            until[r.row, : len(s.bias)] = torch.tensor([e.until for e in s.bias], dtype=torch.int32)
+    return {**columns, "bias_ids": ids, "bias_values": values, "bias_until": until}
 
 
 def _prompt_inputs(plan: ScheduledPlan, rows: Sequence[BoundRow], contexts: Mapping) -> dict[str, torch.Tensor]:
@@ -278,6 +327,25 @@ def _draft_tokens(graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Ma
 # ---------------------------------------------------------------------------
 
 
+_NO_CONTEXT = LaneContext(RowSampling())
+
+
+def _scored_prompt(frame: BoundFrame, read: FrameOutputs) -> dict:
+    """A scored prefill's prompt scores with the prompt token each one scores (positions start + 1 on)."""
+    if read.prompt_scores is None:
+        return {}
+    lane = frame.rows[0].lane
+    prompt = frame.contexts[lane.handle].prompt if lane.handle in frame.contexts else ()
+    following = prompt[lane.prompt_start + 1:lane.prompt_start + 1 + len(read.prompt_scores)]
+    if len(following) != len(read.prompt_scores):
+        return {}  # no prompt to name the tokens by (a hand-bound frame)
+    return {lane.handle: tuple(replace(s, token_id=t) for s, t in zip(read.prompt_scores, following))}
+
+
+def _context_of(contexts: Mapping, row: BoundRow) -> LaneContext:
+    return contexts.get(row.lane.handle, _NO_CONTEXT)
+
+
 class Executor:
     """Runs bound frames on the persistent state; returns records and timing.
 
@@ -295,15 +363,24 @@ class Executor:
         self.device = torch.device(device)
 
     def run(self, frame: BoundFrame, dispatched_ns: int) -> FrameResult:
-        """Execute ``frame``; wall time counts from ``dispatched_ns`` (``time.monotonic_ns``)."""
+        """Execute ``frame``; wall time counts from ``dispatched_ns`` (``time.monotonic_ns``).
+
+        The frame's lane contexts say which ids end each lane and which lanes want logprobs (a
+        lane without one ends on the end-of-sequence ids and gets none).
+        """
+        contexts = frame.contexts
         program = self.program_for(frame.plan.graph.id)
         inputs = {name: t.to(self.device, non_blocking=True) for name, t in frame.inputs.items()}
         outputs, device_ns = self._timed_call(program, {**inputs, **self.state})
         slots = frame.inputs["page_table"].shape[0]
-        read = read_outputs(frame.plan.graph, frame.rows, outputs, slots)
-        records = tuple(self._record(r, read) for r in frame.rows)
+        wanting = [r for r in frame.rows if _context_of(contexts, r).logprobs]
+        read = read_outputs(frame.plan.graph, frame.rows, outputs, slots, wanting)
+        records = tuple(self._record(r, read, _context_of(contexts, r)) for r in frame.rows)
+        logprobs = {rec.handle: read.logprobs[r.row][: len(rec.tokens)] for r, rec in zip(frame.rows, records)
+                    if r.row in read.logprobs}
         wall_ns = max(0, time.monotonic_ns() - dispatched_ns)
-        return FrameResult(records, ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns))
+        timing = ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns)
+        return FrameResult(records, timing, logprobs, _scored_prompt(frame, read))
 
     def _timed_call(self, program: Program, named: dict) -> tuple[Mapping[str, torch.Tensor], int]:
         """The program's own device interval: CUDA events on a GPU, the call's host interval on CPU."""
@@ -318,10 +395,11 @@ class Executor:
         outputs = program(**named)
         return outputs, time.perf_counter_ns() - began
 
-    def _record(self, row: BoundRow, read: FrameOutputs) -> CompletionRecord:
+    def _record(self, row: BoundRow, read: FrameOutputs, context: LaneContext) -> CompletionRecord:
         lane = row.lane
         tokens = read.tokens[row.row]
-        cut = next((i + 1 for i, t in enumerate(tokens) if t in self.eos_ids), None)
+        stop_ids = self.eos_ids if context.stop_ids is None else context.stop_ids
+        cut = next((i + 1 for i, t in enumerate(tokens) if t in stop_ids), None)
         committed = tuple(tokens[:cut])
         if lane.phase is LanePhase.PROMPT:
             return CompletionRecord(lane.handle, prompt_consumed=lane.prompt_tokens,

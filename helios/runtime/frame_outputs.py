@@ -3,7 +3,9 @@
 ``read_outputs`` turns the tensors one frame returned into plain per-row
 values the executor builds ``CompletionRecord``s from: committed tokens,
 verified lengths (``offered = verified_lens - 1`` on decode rows), rank zero's
-joint-prefix confidence per slot (C12) and survival products per row (C13).
+joint-prefix confidence per slot (C12) and survival products per row (C13);
+and, for the rows whose requests asked, each committed token's logprob and
+top alternatives (program contract version 3), copied for those rows only.
 
 Everything is validated here, before a single record exists (A2): wrong
 shapes, verified lengths that differ from what the host asked, exceed a
@@ -20,7 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from flare_contract.graphs import GraphDescriptor
+from helios.runtime.engine_api import Alternative, TokenLogprob
 from helios.scheduler.types import LanePhase
+
+LOGPROB_SLACK = 1e-4  # a log-softmax may round a hair above 0; anything beyond is not a log-probability
 
 
 class FrameOutputError(ValueError):
@@ -35,6 +40,8 @@ class FrameOutputs:
     verified: tuple[int, ...] | None  # verified_lens per row; None for programs without it
     confidence: tuple[tuple[float, ...], ...] | None  # per slot: joint prefix probabilities [1, slot, :]
     survival: tuple[tuple[float, ...], ...] | None  # per row: cumulative min(1, p/q) products
+    logprobs: Mapping[int, tuple[TokenLogprob, ...]] = None  # row -> its committed tokens' logprobs (rows asked)
+    prompt_scores: tuple[TokenLogprob, ...] | None = None  # scored prefill: each chunk token's successor, scored
 
     def offered(self, row) -> int:
         """Drafts the row verified: the program's count where it reports one, else the host's."""
@@ -50,19 +57,61 @@ class FrameOutputs:
         return self.survival[row][:offered]
 
 
-def read_outputs(graph: GraphDescriptor, rows: Sequence, outputs: Mapping[str, Any], slots: int) -> FrameOutputs:
-    """Checked host copies of ``outputs`` for the bound ``rows`` of a ``graph`` frame over ``slots`` slots."""
+def read_outputs(graph: GraphDescriptor, rows: Sequence, outputs: Mapping[str, Any], slots: int,
+                 wanting: Sequence = ()) -> FrameOutputs:
+    """Checked host copies of ``outputs`` for the bound ``rows`` of a ``graph`` frame over ``slots`` slots;
+    logprobs for the bound rows in ``wanting``."""
     b = graph.batch_capacity
     tokens = _host(graph, outputs, "tokens", (b, graph.width))
     counts = _host(graph, outputs, "num_tokens", (b,))
     verified = _verified(graph, rows, outputs)
     _check_counts(graph, rows, counts, verified)
+    committed = tuple(tuple(tokens[i][: counts[i]]) for i in range(b))
     return FrameOutputs(
-        tokens=tuple(tuple(tokens[i][: counts[i]]) for i in range(b)),
+        tokens=committed,
         verified=verified,
         confidence=_confidence(graph, outputs, slots),
         survival=_probabilities(graph, outputs, "survival", (b, max(graph.proposal_depth, 1))),
+        logprobs={row.row: _row_logprobs(graph, outputs, row.row, committed[row.row]) for row in wanting},
+        prompt_scores=_prompt_scores(graph, rows, outputs),
     )
+
+
+def _prompt_scores(graph: GraphDescriptor, rows: Sequence, outputs: Mapping[str, Any]) -> tuple[TokenLogprob, ...] | None:
+    """A scored prefill's prompt row: for chunk position i, the prompt token after it with its logprob and
+    the best alternatives there (spec C1). The last position of a final chunk scores nothing (no token follows)."""
+    if "logprobs" not in outputs or not rows:
+        return None
+    lane = rows[0].lane
+    length = lane.prompt_tokens - (1 if lane.finishes_prompt else 0)
+    scored = _host(graph, outputs, "logprobs", (graph.prefill_capacity,))[:length]
+    if "prompt_top_logprobs" not in outputs:
+        raise FrameOutputError(f"{graph.id}: scored prefill without 'prompt_top_logprobs' (program contract 3)")
+    best = outputs["prompt_top_logprobs"][:length].tolist()
+    best_ids = outputs["prompt_top_token_ids"][:length].tolist()
+    bad = next((v for v in [*scored, *(v for top in best for v in top)] if not v <= LOGPROB_SLACK), None)
+    if bad is not None:
+        raise FrameOutputError(f"{graph.id}: prompt logprob {bad} is not a log-probability")
+    return tuple(TokenLogprob(-1, min(p, 0.0), tuple(Alternative(i, min(v, 0.0)) for i, v in zip(ids, top)))
+                 for p, ids, top in zip(scored, best_ids, best))
+
+
+def _row_logprobs(graph: GraphDescriptor, outputs: Mapping[str, Any], row: int,
+                  tokens: tuple[int, ...]) -> tuple[TokenLogprob, ...]:
+    """One row's committed tokens with their logprob and top alternatives, checked."""
+    for name in ("token_logprobs", "top_logprobs", "top_token_ids"):
+        if name not in outputs:
+            raise FrameOutputError(f"{graph.id}: a request asked for logprobs but the program returned no {name!r} "
+                                   "(a catalog older than program contract 3?)")
+    n = len(tokens)
+    picked = outputs["token_logprobs"][row, :n].tolist()
+    best = outputs["top_logprobs"][row, :n].tolist()
+    best_ids = outputs["top_token_ids"][row, :n].tolist()
+    bad = next((v for v in [*picked, *(v for top in best for v in top)] if not v <= LOGPROB_SLACK), None)
+    if bad is not None:
+        raise FrameOutputError(f"{graph.id} row {row}: logprob {bad} is not a log-probability")
+    return tuple(TokenLogprob(t, min(p, 0.0), tuple(Alternative(i, min(v, 0.0)) for i, v in zip(ids, top)))
+                 for t, p, ids, top in zip(tokens, picked, best_ids, best))
 
 
 def _host(graph: GraphDescriptor, outputs: Mapping[str, Any], name: str, shape: tuple[int, ...]) -> list:

@@ -37,6 +37,7 @@ from helios.server.auth import BearerAuth
 from helios.server.errors import ApiError, bad_request, cut, generation_failed, internal, model_not_found, too_large, unavailable
 from helios.server.choices import ChoiceSet, ClientGone, collect
 from helios.server.generation import CLIENT_CLOSED, Generation
+from helios.server.logprobs import ChatLogprobs, CompletionLogprobs, LogprobsFormat
 from helios.server.metrics import DeliveryClock, ServerMetrics
 from helios.server.protocol import (
     ChatBody,
@@ -86,10 +87,11 @@ class Endpoint:
     body_type: type
     prepare: Callable[..., PreparedRequest]
     shape: ResponseShape
+    logprobs: Callable[..., LogprobsFormat]  # (tokenizer, alternatives) -> the endpoint's logprobs objects
 
 
-COMPLETIONS = Endpoint("completions", "cmpl", CompletionBody, prepare_completion, CompletionShape())
-CHAT = Endpoint("chat", "chatcmpl", ChatBody, prepare_chat, ChatShape())
+COMPLETIONS = Endpoint("completions", "cmpl", CompletionBody, prepare_completion, CompletionShape(), CompletionLogprobs)
+CHAT = Endpoint("chat", "chatcmpl", ChatBody, prepare_chat, ChatShape(), ChatLogprobs)
 
 
 def create_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -241,7 +243,9 @@ class _Routes:
                        clock if i == 0 else DeliveryClock(self.server_metrics, clock.arrived),
                        stream=prepared.stream, log_requests=self.config.log_requests)
             for i, choice in enumerate(prepared.choices))
-        return ChoiceSet(generations, tuple(c.prefix for c in prepared.choices), prepared.prompt_tokens)
+        formats = tuple(None if c.generation.logprobs is None else endpoint.logprobs(self.engine.tokenizer, c.generation.logprobs)
+                        for c in prepared.choices)  # one each: a completion's text offsets run on per choice
+        return ChoiceSet(generations, tuple(c.prefix for c in prepared.choices), prepared.prompt_tokens, formats)
 
     async def _respond_whole(self, request: Request, choices: ChoiceSet, shape: ResponseShape, header: ResponseHeader) -> Response:
         try:

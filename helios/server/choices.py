@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from helios.runtime.engine_api import GenerationFailed, TextDelta
 from helios.server.errors import generation_failed
 from helios.server.generation import Generation
+from helios.server.logprobs import LogprobsFormat
 from helios.server.responses import ChoiceResult, Usage
 
 ERROR_FINISH = "error"  # finish_reason of a choice the engine failed while other choices of its response did not
@@ -47,7 +48,13 @@ class ChoiceSet:
     generations: tuple[Generation, ...]
     prefixes: tuple[str, ...]  # chat's echo per choice ("" for none)
     prompt_tokens: int  # each prompt once (usage)
+    formats: tuple[LogprobsFormat | None, ...] = ()  # per choice, when the request asked for logprobs
     failures: dict[int, GenerationFailed] = field(default_factory=dict)
+
+    def logprobs(self, index: int, delta: TextDelta) -> dict | None:
+        """A streamed delta's logprobs object for choice ``index`` (None unless the request asked)."""
+        fmt = self.formats[index] if self.formats else None
+        return None if fmt is None else fmt.body(delta.logprobs)
 
     def submit(self) -> None:
         """Submit every choice, or none: a refusal withdraws those already submitted, then propagates."""
@@ -152,9 +159,11 @@ def _result(choices: ChoiceSet, index: int, text: str) -> ChoiceResult:
     failure = choices.failures.get(index)
     if failure is not None:
         return ChoiceResult(index, text, ERROR_FINISH, generation_failed(failure).body()["error"])
-    reason = choices.generations[index].finish_reason
+    generation = choices.generations[index]
+    reason = generation.finish_reason
     assert reason is not None, "a choice that did not fail has finished"
-    return ChoiceResult(index, text, reason.value)
+    fmt = choices.formats[index] if choices.formats else None
+    return ChoiceResult(index, text, reason.value, logprobs=None if fmt is None else fmt.body(generation.logprobs))
 
 
 async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:

@@ -15,7 +15,15 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from helios.runtime.engine_api import Engine, FinishReason, GenerationFailed, GenerationRequest, QueueTimeout, TextDelta
+from helios.runtime.engine_api import (
+    Engine,
+    FinishReason,
+    GenerationFailed,
+    GenerationRequest,
+    QueueTimeout,
+    TextDelta,
+    TokenLogprob,
+)
 from helios.server.metrics import FINISH_OUTCOMES, DeliveryClock, ServerMetrics
 from helios.server.request_log import FinishedRequest, log_request
 
@@ -35,6 +43,7 @@ class Generation:
     log_requests: bool = False
     completion_tokens: int = 0
     finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # every delta's, in order (when the request asked)
     _stream: AsyncIterator[TextDelta] | None = field(default=None, repr=False)
     _failure: Exception | None = None
     _closed: bool = False
@@ -75,6 +84,7 @@ class Generation:
 
     def _count(self, delta: TextDelta) -> None:
         self.completion_tokens += len(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
         self.clock.delivered(len(delta.token_ids))
         if delta.finish_reason is not None:
             self.clock.ended()

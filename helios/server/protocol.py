@@ -16,10 +16,15 @@ reads the bits); ``max_tokens`` defaults to 16 for completions
 ``max_completion_tokens`` wins over it on both endpoints. ``n`` choices per
 prompt (at most ``MAX_N``) and lists of prompts become one
 ``GenerationRequest`` per choice, in OpenAI's order (prompt-major), each with
-its own seed (``choice_seed``). Fields that would change the output in ways the engine cannot honour
-(logprobs, echo, suffix, penalties, logit_bias, tools, and the OpenAI and
-vLLM fields in ``UNHONOURED`` unless they carry the value that asks for
-nothing) are refused rather than silently ignored.
+its own seed (``choice_seed``). ``logprobs`` (completions: 0..20 alternatives;
+chat: ``logprobs: true`` with ``top_logprobs`` 0..20), the penalties,
+``logit_bias`` (at most 300 token ids of the vocabulary, values in [-100,
+100]), ``min_p``, ``min_tokens`` (not with stop strings, which vLLM would not
+check before it), ``ignore_eos``, ``stop_token_ids`` and
+``include_stop_str_in_output`` are honoured; fields that would change the
+output in ways the engine cannot honour (completions echo, suffix, tools, and
+the OpenAI and vLLM fields in ``UNHONOURED`` unless they carry the value that
+asks for nothing) are refused rather than silently ignored.
 
 Nothing a client sends may make the server fail: every exception while
 decoding or validating a body is a 400 (JSON nested beyond what the parser
@@ -37,7 +42,16 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from helios.runtime.engine_api import ChatTemplateError, EngineTokenizer, GenerationRequest, SamplingParams, fewest_tokens
+from helios.runtime.engine_api import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    ChatTemplateError,
+    EngineTokenizer,
+    GenerationRequest,
+    SamplingParams,
+    fewest_tokens,
+)
 from helios.server.errors import ApiError, bad_request, cut, model_not_found
 
 log = logging.getLogger(__name__)
@@ -87,9 +101,29 @@ class _GenerationBody(_Body):
     stop: Any = ()  # normalised to a tuple of strings by _stop
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = False
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    include_stop_str_in_output: bool | None = False
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(value)}")
+        for key, bias in value.items():
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"keys are token ids written as decimal strings, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases lie in [-100, 100], got {bias} for token {key}")
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -113,7 +147,7 @@ class _GenerationBody(_Body):
 
 class CompletionBody(_GenerationBody):
     prompt: Any = Field(...)
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
@@ -175,7 +209,7 @@ class ChatBody(_GenerationBody):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # further template variables, e.g. enable_thinking
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
 
     @field_validator("messages", mode="before")
@@ -216,14 +250,8 @@ def parse_body(raw: bytes, model: type[BodyT]) -> BodyT:
 UNHONOURED: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}),
     "tool_choice": (None, "none", "auto"),
-    "min_p": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
     "length_penalty": (None, 1, 1.0),
     "use_beam_search": (None, False),
-    "min_tokens": (None, 0),
-    "ignore_eos": (None, False),
-    "stop_token_ids": (None, []),
-    "include_stop_str_in_output": (None, False),
     "prompt_logprobs": (None,),
     "truncate_prompt_tokens": (None,),
     "add_generation_prompt": (None, True),  # honoured by chat and /tokenize, which define it
@@ -232,6 +260,10 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
     "chat_template_kwargs": (None, {}),  # honoured by chat, which defines it
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "structured_outputs": (None,),
+    # OpenAI fields with no meaning for a text-only model without tools, and vLLM's scheduling/id controls
+    "audio": (None,), "modalities": (None, ["text"]), "functions": (None, []), "function_call": (None, "none"),
+    "web_search_options": (None,), "prediction": (None,), "reasoning_effort": (None,), "verbosity": (None,),
+    "priority": (None, 0), "request_id": (None,),
 }
 UNHONOURED_STREAM_OPTIONS: dict[str, tuple[Any, ...]] = {"continuous_usage_stats": (None, False)}
 
@@ -323,7 +355,6 @@ class PromptPlan:
 def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
     n = body.n or 1
-    _refuse_if(body.logprobs is not None, "logprobs", "log probabilities are not supported by this server")
     _refuse_if(bool(body.echo), "echo", "echoing the prompt is not supported by this server")
     _refuse_if(body.suffix is not None, "suffix", "suffixes (insertion) are not supported by this server")
     if body.best_of is not None and body.best_of < n:
@@ -335,7 +366,7 @@ def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: st
                           f"than the {MAX_CHOICES} a request may ask for.", "n", "invalid_value")
     param = "prompt" if len(body.prompt) == 1 else "prompt.{}"
     plans = [_completion_plan(prompt, param.format(i), body, limits) for i, prompt in enumerate(body.prompt)]
-    return _prepared(body, limits, request_id, plans)
+    return _prepared(body, limits, request_id, plans, body.logprobs)
 
 
 def _completion_plan(prompt: str | tuple[int, ...], param: str, body: CompletionBody, limits: ModelLimits) -> PromptPlan:
@@ -351,7 +382,8 @@ def _completion_plan(prompt: str | tuple[int, ...], param: str, body: Completion
 
 def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
-    _refuse_if(bool(body.logprobs) or body.top_logprobs is not None, "logprobs", "log probabilities are not supported by this server")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("Invalid 'top_logprobs': it needs 'logprobs' set to true.", "top_logprobs", "invalid_value")
     _refuse_if(bool(body.tools), "tools", "tool calling is not supported by this server")
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
     _refuse_if(body.continue_final_message and body.add_generation_prompt is True, "continue_final_message",
@@ -365,7 +397,7 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
     max_tokens = _max_tokens(asked, which, limits.context_length - len(ids), len(ids), limits.context_length)
     prefix = _echoed(messages, opens_turn) if body.echo else ""
     plan = PromptPlan(ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer, kwargs), prefix)
-    return _prepared(body, limits, request_id, [plan])
+    return _prepared(body, limits, request_id, [plan], (body.top_logprobs or 0) if body.logprobs else None)
 
 
 def _echoed(messages: list[dict[str, str]], opens_turn: bool) -> str:
@@ -386,9 +418,14 @@ def _check_common(body: _GenerationBody, limits: ModelLimits) -> None:
     if body.model != limits.model_name:
         raise model_not_found(body.model, limits.model_name)
     _refuse_if(body.stream_options is not None and not body.stream, "stream_options", "only allowed when stream is true")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _refuse_if(getattr(body, name) not in (None, 0.0), name, f"penalties are not supported by this server (only 0), got {getattr(body, name)}")
-    _refuse_if(bool(body.logit_bias), "logit_bias", "logit biases are not supported by this server")
+    vocab = limits.tokenizer.vocab_size
+    for name, ids in (("logit_bias", [int(k) for k in body.logit_bias or {}]), ("stop_token_ids", body.stop_token_ids or [])):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"Invalid '{name}': token id {bad} is outside the vocabulary [0, {vocab}).", name,
+                              "invalid_value")
+    _refuse_if(bool(body.min_tokens) and bool(body.stop), "min_tokens",
+               "with stop strings is not supported: stop strings would not wait for min_tokens, as they do in vLLM")
 
 
 def _refuse_if(condition: bool, param: str, message: str) -> None:
@@ -481,17 +518,25 @@ def _max_tokens(asked: int | None, param: str, default: int, prompt_tokens: int,
     return asked
 
 
-def _prepared(body: _GenerationBody, limits: ModelLimits, request_id: str, plans: list[PromptPlan]) -> PreparedRequest:
+def _prepared(body: _GenerationBody, limits: ModelLimits, request_id: str, plans: list[PromptPlan],
+              logprobs: int | None) -> PreparedRequest:
     """``n`` engine requests per prompt, prompt-major; one choice keeps the response's id as its request id."""
     n = body.n or 1
     single = len(plans) * n == 1
+    min_tokens = body.min_tokens or 0
     choices = []
     for p, plan in enumerate(plans):
+        if min_tokens > plan.max_tokens:
+            raise bad_request(f"Invalid 'min_tokens': {min_tokens} is more than the {plan.max_tokens} tokens the "
+                              "request may generate (max_tokens).", "min_tokens", "invalid_value")
         for j in range(n):
             index = p * n + j
             rid = request_id if single else f"{request_id}-{index}"
             generation = GenerationRequest(rid, plan.ids, plan.max_tokens, _sampling(body, limits, j), body.stop,
-                                           plan.endpoints)
+                                           plan.endpoints, logprobs=logprobs, min_tokens=min_tokens,
+                                           ignore_eos=bool(body.ignore_eos),
+                                           stop_token_ids=tuple(body.stop_token_ids or ()),
+                                           include_stop_str_in_output=bool(body.include_stop_str_in_output))
             choices.append(Choice(index, generation, plan.prefix))
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return PreparedRequest(request_id, tuple(choices), sum(len(plan.ids) for plan in plans), bool(body.stream),
@@ -504,6 +549,11 @@ def _sampling(body: _GenerationBody, limits: ModelLimits, choice: int) -> Sampli
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=None if body.top_k is None else min(body.top_k, limits.tokenizer.vocab_size),  # a wider cut cuts nothing
         seed=None if body.seed is None else choice_seed(_int64_seed(body.seed), choice),
+        min_p=body.min_p or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=tuple(sorted((int(k), v) for k, v in (body.logit_bias or {}).items())),
     )
 
 

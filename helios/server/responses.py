@@ -6,6 +6,8 @@ rest (ids, ``created``, ``model``, ``usage``) is common. Every choice and
 chunk carries its choice's ``index``; a choice the engine failed while others
 of its response did not has ``finish_reason: "error"`` and an ``error``
 object in OpenAI's error shape.
+A choice's ``logprobs`` is null unless the request asked (``helios.server.logprobs``
+builds the object).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ class ChoiceResult:
     text: str
     finish_reason: str
     error: dict | None = None  # {"message", "type", "param", "code"} of a choice that failed alone
+    logprobs: dict | None = None  # the endpoint's logprobs object, when the request asked
 
     def body(self, content: dict) -> dict:
         """The choice with ``content`` (its ``text``, or its ``message``)."""
-        return {"index": self.index, **content, "logprobs": None, "finish_reason": self.finish_reason} | _error(self.error)
+        return ({"index": self.index, **content, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
+                | _error(self.error))
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +67,8 @@ class CompletionShape:
         return None  # completions streams have no role preamble
 
     def chunk(self, header: ResponseHeader, index: int, text: str, finish_reason: str | None,
-              error: dict | None = None) -> dict:
-        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+              error: dict | None = None, logprobs: dict | None = None) -> dict:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return _envelope(header, "text_completion", [choice | _error(error)])
 
     def usage_chunk(self, header: ResponseHeader, usage: Usage) -> dict:
@@ -84,15 +88,15 @@ class ChatShape:
         return self._chunk(header, index, {"role": "assistant", "content": ""}, None)
 
     def chunk(self, header: ResponseHeader, index: int, text: str, finish_reason: str | None,
-              error: dict | None = None) -> dict:
-        return self._chunk(header, index, {"content": text} if text else {}, finish_reason, error)
+              error: dict | None = None, logprobs: dict | None = None) -> dict:
+        return self._chunk(header, index, {"content": text} if text else {}, finish_reason, error, logprobs)
 
     def usage_chunk(self, header: ResponseHeader, usage: Usage) -> dict:
         return _envelope(header, "chat.completion.chunk", []) | {"usage": usage.body()}
 
     def _chunk(self, header: ResponseHeader, index: int, delta: dict, finish_reason: str | None,
-               error: dict | None = None) -> dict:
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+               error: dict | None = None, logprobs: dict | None = None) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return _envelope(header, "chat.completion.chunk", [choice | _error(error)])
 
 

@@ -85,7 +85,7 @@ async def stream_events(choices: ChoiceSet, shape: ResponseShape, header: Respon
         delta = item.delta
         reason = delta.finish_reason.value if delta.finish_reason else None
         if delta.text or reason:
-            yield framed(shape.chunk(header, item.index, delta.text, reason))
+            yield framed(shape.chunk(header, item.index, delta.text, reason, logprobs=choices.logprobs(item.index, delta)))
     if choices.all_failed:
         yield event(generation_failed(choices.first_failure()).body())
     elif include_usage:

@@ -54,12 +54,31 @@ class CheckpointTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (logprobs' ``bytes``): a byte-level BPE token's raw bytes, which
+        may be part of a character; otherwise the UTF-8 of its decoded text."""
+        piece = self._tokenizer.id_to_token(token_id)
+        if piece is not None and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        return self._tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
                             template_kwargs: Mapping[str, Any] | None = None) -> str:
         if self._template is None:
             raise ChatTemplateError("this checkpoint's tokenizer_config.json has no chat_template; use /v1/completions")
         return self._template.render(messages, add_generation_prompt=add_generation_prompt,
                                      template_kwargs=template_kwargs)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character for each byte (GPT-2's scheme): printable Latin-1
+    bytes stand for themselves, the other bytes for the code points from 256 on, in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(shifted)}}
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 def _template(config: Path) -> ChatTemplate | None:

@@ -16,6 +16,13 @@ commits its whole chunk and, when the chunk ends the prompt, samples the first
 output token. Draft-keeping frames then run the draft model over the
 committed input tokens, so its cache covers every committed position.
 Inactive rows (length 0) and unused capacity write nothing.
+
+Sampling reads the logits after the request's controls (penalties over the
+slot's token history, logit bias; ``ignition.models.sampling``), and the
+commit updates that history. Every sampled position also reports the raw
+model distribution's log-probability of its token and its top
+``TOP_LOGPROBS`` alternatives, so logprobs never need a host pass over the
+vocabulary.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import helios.ops  # noqa: F401  (registers flare::write_slot_state)
 from ignition.models.qwen3 import PagedBatch, Qwen3, Weights
 from ignition.models.packing import packing
 from ignition.models.proposals import Proposals, absorb, allocate, draft_weights, propose, survival
-from ignition.models.sampling import sample
+from flare_contract.sampling import TOP_LOGPROBS
+from ignition.models.sampling import LogitControls, TokenHistory, output_logprobs, process_logits, sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +80,33 @@ class FrameInputs:
     next_prompt_token: Tensor | None = None
     draft_k_cache: Tensor | None = None
     draft_v_cache: Tensor | None = None
+    token_counts: Tensor | None = None  # int32 [S, V] state: output tokens committed per slot, by id
+    prompt_seen: Tensor | None = None  # bool [S, V] state: ids of each slot's prompt
+    min_p: Tensor | None = None
+    repetition_penalty: Tensor | None = None
+    presence_penalty: Tensor | None = None
+    frequency_penalty: Tensor | None = None
+    bias_ids: Tensor | None = None
+    bias_values: Tensor | None = None
+    bias_until: Tensor | None = None
+
+    @property
+    def controls(self) -> LogitControls:
+        return LogitControls(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
+                             self.bias_ids, self.bias_values, self.bias_until)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHistory:
+    """Each row's token history at its first sampled position, ``[B, V]`` (prompt rows: fresh at start 0)."""
+
+    counts: Tensor  # int32
+    seen: Tensor  # bool
+
+
+def top_logprobs_width(vocab: int) -> int:
+    """Alternatives per position the programs report: ``TOP_LOGPROBS``, or the whole vocabulary if smaller."""
+    return min(TOP_LOGPROBS, vocab)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +125,10 @@ class Rows:
 
 def run_frame(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, draft: Qwen3 | None = None) -> dict[str, Tensor]:
     """One frame; ``draft`` (with ``draft.``-prefixed weights in ``w``) when ``shape.uses_draft``."""
+    vocab = model.config.sampled_vocab_size
     dw = draft_weights(w) if shape.uses_draft else {}
-    proposals = _propose(model, draft, dw, shape, x) if shape.learned_depth else None
+    history = _slot_history(shape, x, _rows(shape, x), vocab)
+    proposals = _propose(model, draft, dw, shape, x, history) if shape.learned_depth else None
     if proposals is not None:
         lens = allocate(proposals.joint, x.query_lens, shape.packed) if shape.prefix_limit else x.query_lens
         x = replace(x, query_lens=lens, draft_tokens=proposals.tokens)
@@ -100,27 +137,81 @@ def run_frame(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, draft
     batch = PagedBatch(x.page_table, x.row_slots, x.query_lens, rows.start_pos.int())
     hidden = model(w, tokens, positions, batch, x.k_cache, x.v_cache)  # [T, hidden]
     picks = _sample_index(shape, rows)  # [B, W]
-    logits = model.logits(w, hidden[picks])[..., : model.config.sampled_vocab_size]  # [B, W, V]
+    logits = model.logits(w, hidden[picks])[..., :vocab]  # [B, W, V]
     produced = rows.start_pos[:, None] + (picks - rows.starts[:, None]) + 1
-    targets = sample(logits, x.temperature, x.top_k, x.top_p, x.seed, produced)
+    processed = process_logits(logits, x.controls, _position_history(shape, x, history), produced)
+    targets = sample(processed, x.temperature, x.top_k, x.top_p, x.seed, produced, x.min_p)
     out, committed_lens = _verify_and_commit(shape, x, rows, targets)
+    _write_history(x, history, out, vocab)
+    out.update(_logprob_outputs(logits, targets, out["num_tokens"]))
     if shape.absorb:
         absorb(draft, dw, x, tokens, rows.starts, rows.start_pos, committed_lens)
     if shape.scored:
-        out["logprobs"] = _prompt_logprobs(model, w, shape, x, hidden)
+        out.update(_prompt_logprobs(model, w, shape, x, hidden))
     if shape.speculative:
         out["verified_lens"] = x.query_lens.int()
     if proposals is not None:
-        out.update(_sidecars(shape, x, rows, logits, proposals))
+        out.update(_sidecars(shape, x, rows, processed, proposals))
     return out
 
 
-def _propose(model: Qwen3, draft: Qwen3, dw: Weights, shape: FrameShape, x: FrameInputs) -> Proposals:
+def _slot_history(shape: FrameShape, x: FrameInputs, rows: Rows, vocab: int) -> SlotHistory:
+    """Each row's history before its first sampled position.
+
+    A decode row reads its slot's state. The prompt row starts afresh when its
+    chunk begins the prompt (the slot's state belongs to its previous request)
+    and adds its chunk's ids to the prompt ids; it has no output yet.
+    """
+    slots = x.row_slots.long().clamp(0, x.pending.shape[0] - 1)
+    counts, seen = x.token_counts[slots], x.prompt_seen[slots]
+    if not shape.prompt:
+        return SlotHistory(counts, seen)
+    fresh = (rows.is_prompt & (rows.start_pos == 0))[:, None]
+    i = torch.arange(shape.prompt, device=seen.device)
+    chunk_len = (rows.lens * rows.is_prompt).sum()
+    ids = x.prompt_tokens
+    in_chunk = (i < chunk_len) & (ids < vocab)
+    chunk = torch.zeros(vocab, device=seen.device).scatter_add(0, ids.clamp(0, vocab - 1), in_chunk.float()) > 0
+    seen = torch.where(fresh, False, seen) | (rows.is_prompt[:, None] & chunk[None, :])
+    return SlotHistory(torch.where(fresh, 0, counts), seen)
+
+
+def _position_history(shape: FrameShape, x: FrameInputs, history: SlotHistory) -> TokenHistory:
+    """``[B, W, V]``: position k of a decode row has also seen the k drafts it verifies before it."""
+    counts = history.counts.float()[:, None, :].expand(-1, shape.width, -1)
+    if shape.width > 1:
+        drafts = torch.nn.functional.one_hot(x.draft_tokens.clamp(0, counts.shape[-1] - 1), counts.shape[-1])
+        counts = counts + torch.cat([torch.zeros_like(drafts[:, :1]), drafts.cumsum(1)], 1).float()[:, : shape.width]
+    return TokenHistory(counts, history.seen[:, None, :].expand(-1, shape.width, -1))
+
+
+def _write_history(x: FrameInputs, history: SlotHistory, out: dict[str, Tensor], vocab: int) -> None:
+    """The slot's history after the frame: its committed output tokens counted."""
+    tokens, count = out["tokens"], out["num_tokens"]
+    k = torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+    added = torch.zeros_like(history.counts).scatter_add(1, tokens.clamp(0, vocab - 1), (k < count[:, None]).int())
+    torch.ops.flare.write_token_history(x.token_counts, x.prompt_seen, x.row_slots, x.query_lens,
+                                        history.counts + added, history.seen)
+
+
+def _logprob_outputs(logits: Tensor, targets: Tensor, count: Tensor) -> dict[str, Tensor]:
+    """Raw-distribution logprobs of each committed token (position k: the target there, which is the
+    accepted draft or the bonus token) and the top alternatives; 0 past ``num_tokens``."""
+    picked, best, best_ids = output_logprobs(logits, targets, top_logprobs_width(logits.shape[-1]))
+    real = torch.arange(targets.shape[1], device=targets.device)[None, :] < count[:, None]
+    return {"token_logprobs": torch.where(real, picked, 0.0),
+            "top_logprobs": torch.where(real[..., None], best, 0.0),
+            "top_token_ids": torch.where(real[..., None], best_ids, 0)}
+
+
+def _propose(model: Qwen3, draft: Qwen3, dw: Weights, shape: FrameShape, x: FrameInputs,
+             history: SlotHistory) -> Proposals:
     """Learned proposals: every active row draws all D (prefix_limit) or the ones it verifies."""
     rows = _rows(shape, x)
     wanted = (x.query_lens > 0).long() * shape.learned_depth if shape.prefix_limit else rows.lens - 1
     steps = torch.where(rows.is_prompt, 0, wanted.clamp(min=0))
-    return propose(draft, dw, x, rows.start_pos, steps, shape.learned_depth, model.config.sampled_vocab_size)
+    return propose(draft, dw, x, rows.start_pos, steps, shape.learned_depth, model.config.sampled_vocab_size,
+                   TokenHistory(history.counts.float()[:, None], history.seen[:, None]))
 
 
 def _sidecars(shape: FrameShape, x: FrameInputs, rows: Rows, logits: Tensor, proposals: Proposals) -> dict[str, Tensor]:
@@ -222,12 +313,19 @@ def _accepted_drafts(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Ten
     return match.long().cumprod(dim=1).sum(dim=1)
 
 
-def _prompt_logprobs(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, hidden: Tensor) -> Tensor:
-    """log P(token after position i) for the prompt row's tokens ``[C]`` (prompt row 0 at offset 0)."""
-    logits = model.logits(w, hidden[: shape.prompt])[..., : model.config.sampled_vocab_size]
+def _prompt_logprobs(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, hidden: Tensor) -> dict[str, Tensor]:
+    """log P(token after position i) for the prompt row's tokens ``[C]`` (prompt row 0 at offset 0), and the
+    raw distribution's best ``[C, K]`` there; 0 at and after the chunk's length."""
+    vocab = model.config.sampled_vocab_size
+    logits = model.logits(w, hidden[: shape.prompt])[..., :vocab]
     i = torch.arange(shape.prompt, device=hidden.device)
     length = x.query_lens[0].long()
     following = x.prompt_tokens[(i + 1).clamp(max=shape.prompt - 1)]
     following = torch.where(i == length - 1, x.next_prompt_token, following).clamp(0, logits.shape[-1] - 1)
-    picked = logits.log_softmax(-1).gather(1, following[:, None])[:, 0]
-    return torch.where(i < length, picked, 0.0)
+    logprobs = logits.log_softmax(-1)
+    picked = logprobs.gather(1, following[:, None])[:, 0]
+    best = logprobs.topk(top_logprobs_width(vocab), dim=-1)
+    real = i < length
+    return {"logprobs": torch.where(real, picked, 0.0),
+            "prompt_top_logprobs": torch.where(real[:, None], best.values, 0.0),
+            "prompt_top_token_ids": torch.where(real[:, None], best.indices, 0)}

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
-from ignition.models.frame import FrameInputs, FrameShape, run_frame
+from flare_contract.sampling import BIAS_CAPACITY
+from ignition.models.frame import FrameInputs, FrameShape, run_frame, top_logprobs_width
 from ignition.models.proposals import DRAFT_PREFIX
 from ignition.models.qwen3 import Qwen3, Qwen3Config, Weights
 
@@ -39,7 +40,8 @@ class StateLayout:
     def new_state(self, config: Qwen3Config, draft: Qwen3Config | None = None,
                   device: torch.device | str = "cpu") -> dict[str, Tensor]:
         """Zeroed state tensors, keyed by their program input names; the draft's
-        caches (same pages, the draft's sizes) when ``draft`` is given."""
+        caches (same pages, the draft's sizes) when ``draft`` is given; then the
+        penalties' token history (output token counts and prompt ids per slot)."""
         state = {
             "k_cache": self._cache(config, device),
             "v_cache": self._cache(config, device),
@@ -48,6 +50,9 @@ class StateLayout:
         }
         if draft is not None:
             state.update(draft_k_cache=self._cache(draft, device), draft_v_cache=self._cache(draft, device))
+        history = (self.request_slots, config.sampled_vocab_size)
+        state.update(token_counts=torch.zeros(history, dtype=torch.int32, device=device),
+                     prompt_seen=torch.zeros(history, dtype=torch.bool, device=device))
         return state
 
     def _cache(self, config: Qwen3Config, device: torch.device | str) -> Tensor:
@@ -87,7 +92,9 @@ class ProgramSpec:
 
 STATE_INPUTS = ("k_cache", "v_cache", "pending", "seq_lens")
 DRAFT_STATE = ("draft_k_cache", "draft_v_cache")  # only in programs that run the draft model
-FRAME_INPUTS = ("page_table", "row_slots", "query_lens", "temperature", "top_k", "top_p", "seed")
+HISTORY_STATE = ("token_counts", "prompt_seen")  # every program: the penalties' token history
+FRAME_INPUTS = ("page_table", "row_slots", "query_lens", "temperature", "top_k", "top_p", "seed", "min_p",
+                "repetition_penalty", "presence_penalty", "frequency_penalty", "bias_ids", "bias_values", "bias_until")
 PROMPT_INPUTS = ("prompt_tokens", "prompt_start", "prompt_final")
 
 
@@ -190,7 +197,7 @@ def build_program(desc: GraphDescriptor, model_config: Qwen3Config, layout: Stat
                          f"{model_config.sampled_vocab_size}; the draft must share the target's tokenizer")
     keys = program_weight_keys(model_config, draft)
     inputs = _input_specs(desc.kind, shape, model_config, draft, layout)
-    outputs = _output_specs(shape, layout.request_slots)
+    outputs = _output_specs(shape, layout.request_slots, top_logprobs_width(model_config.sampled_vocab_size))
     weights = _example_weights(keys, model_config, draft, layout, example_weights)
     names = tuple(spec.name for spec in inputs)
     output_names = tuple(spec.name for spec in outputs)
@@ -223,6 +230,13 @@ def _input_specs(kind: GraphKind, shape: FrameShape, config: Qwen3Config, draft:
         "top_k": ((shape.batch,), torch.int32),
         "top_p": ((shape.batch,), torch.float32),
         "seed": ((shape.batch,), torch.int64),
+        "min_p": ((shape.batch,), torch.float32),
+        "repetition_penalty": ((shape.batch,), torch.float32),
+        "presence_penalty": ((shape.batch,), torch.float32),
+        "frequency_penalty": ((shape.batch,), torch.float32),
+        "bias_ids": ((shape.batch, BIAS_CAPACITY), torch.int64),
+        "bias_values": ((shape.batch, BIAS_CAPACITY), torch.float32),
+        "bias_until": ((shape.batch, BIAS_CAPACITY), torch.int32),
         "prefill_row": ((1,), torch.int32),
         "prompt_tokens": ((shape.prompt,), torch.int64),
         "prompt_start": ((1,), torch.int32),
@@ -235,14 +249,19 @@ def _input_specs(kind: GraphKind, shape: FrameShape, config: Qwen3Config, draft:
     return tuple(specs)
 
 
-def _output_specs(shape: FrameShape, slots: int) -> tuple[TensorSpec, ...]:
+def _output_specs(shape: FrameShape, slots: int, top: int) -> tuple[TensorSpec, ...]:
     depth = shape.learned_depth
     specs = [
         TensorSpec("tokens", (shape.batch, shape.width), torch.int64),
         TensorSpec("num_tokens", (shape.batch,), torch.int32),
+        TensorSpec("token_logprobs", (shape.batch, shape.width), torch.float32),
+        TensorSpec("top_logprobs", (shape.batch, shape.width, top), torch.float32),
+        TensorSpec("top_token_ids", (shape.batch, shape.width, top), torch.int64),
     ]
     if shape.scored:
-        specs.append(TensorSpec("logprobs", (shape.prompt,), torch.float32))
+        specs += [TensorSpec("logprobs", (shape.prompt,), torch.float32),
+                  TensorSpec("prompt_top_logprobs", (shape.prompt, top), torch.float32),
+                  TensorSpec("prompt_top_token_ids", (shape.prompt, top), torch.int64)]
     if shape.speculative:
         specs.append(TensorSpec("verified_lens", (shape.batch,), torch.int32))
     if shape.prefix_limit:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ignition.models.packing import packing
 from ignition.models.qwen3 import PagedBatch, Qwen3, Weights
-from ignition.models.sampling import sample, sampling_probs
+from ignition.models.sampling import TokenHistory, process_logits, sample, sampling_probs
 
 if TYPE_CHECKING:
     from ignition.models.frame import FrameInputs
@@ -53,19 +53,25 @@ class Proposals:
 
 
 def propose(draft: Qwen3, dw: Weights, x: FrameInputs, start_pos: Tensor, steps: Tensor,
-            depth: int, vocab: int) -> Proposals:
+            depth: int, vocab: int, history: TokenHistory) -> Proposals:
     """``depth`` sequential draft steps; row ``b`` runs (and writes draft K/V) only in its first ``steps[b]``.
 
     Step k feeds the token at position ``L + k`` (the slot's pending token, then
-    the previous proposal) and samples the proposal for ``L + k + 1``.
+    the previous proposal) and samples the proposal for ``L + k + 1``, with the
+    row's logit controls over ``history`` ([B, 1, V] before step 0) plus the
+    proposals drawn so far: the transform the target applies when it verifies.
     """
     slots = x.row_slots.long().clamp(0, x.pending.shape[0] - 1)
     token, tokens, qs, confidences = x.pending[slots], [], [], []
+    counts = history.counts
     for k in range(depth):
-        logits = _draft_step(draft, dw, x, token, start_pos + k, (k < steps).int())[:, None, :vocab]
-        token = sample(logits, x.temperature, x.top_k, x.top_p, x.seed, (start_pos + k + 1)[:, None])[:, 0]
-        q = _prob_of(sampling_probs(logits, x.temperature, x.top_k, x.top_p), token)
+        position = (start_pos + k + 1)[:, None]
+        raw = _draft_step(draft, dw, x, token, start_pos + k, (k < steps).int())[:, None, :vocab]
+        logits = process_logits(raw, x.controls, TokenHistory(counts, history.seen), position)
+        token = sample(logits, x.temperature, x.top_k, x.top_p, x.seed, position, x.min_p)[:, 0]
+        q = _prob_of(sampling_probs(logits, x.temperature, x.top_k, x.top_p, x.min_p), token)
         confidences.append(torch.where(x.temperature > 0, q, _prob_of(logits.softmax(-1), token)))
+        counts = counts + torch.nn.functional.one_hot(token, vocab)[:, None].to(counts.dtype)
         tokens.append(token)
         qs.append(q)
     return Proposals(torch.stack(tokens, 1), torch.stack(qs, 1), torch.stack(confidences, 1))
@@ -110,11 +116,11 @@ def allocate(joint: Tensor, ceilings: Tensor, budget: int) -> Tensor:
 def survival(target_logits: Tensor, proposals: Proposals, x: FrameInputs, offered: Tensor) -> Tensor:
     """Cumulative products of min(1, p/q) over each row's first ``offered`` proposals (C13), 0 beyond.
 
-    ``target_logits`` [B, >= D, V]: entry i is the target's distribution of the
-    token at position L+i+1, the one proposal i claims.
+    ``target_logits`` [B, >= D, V] (after the row's logit controls): entry i is the
+    target's distribution of the token at position L+i+1, the one proposal i claims.
     """
     depth = proposals.tokens.shape[1]
-    p_all = sampling_probs(target_logits[:, :depth], x.temperature, x.top_k, x.top_p)
+    p_all = sampling_probs(target_logits[:, :depth], x.temperature, x.top_k, x.top_p, x.min_p)
     p = p_all.gather(-1, proposals.tokens[..., None])[..., 0]
     ratio = (p / proposals.q.clamp(min=torch.finfo(p.dtype).tiny)).clamp(max=1.0)
     i = torch.arange(depth, device=p.device)[None, :]

@@ -138,7 +138,7 @@ def assert_choices_match(got: torch.Tensor, want: torch.Tensor, scores: torch.Te
 
 
 def decision_scores(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                    seed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+                    seed: torch.Tensor, positions: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """The scores whose argmax ``ignition.models.sampling.sample`` takes, on a logit scale.
 
     Greedy rows: the logits. Sampled rows: log(filtered probabilities) - log(q)
@@ -148,7 +148,7 @@ def decision_scores(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     from ignition.models.sampling import exponential_noise, filter_top_k_top_p
 
     scaled = logits / temperature.clamp(min=1e-5)[:, None, None]
-    raced = filter_top_k_top_p(scaled, top_k, top_p).log_softmax(-1) - exponential_noise(
+    raced = filter_top_k_top_p(scaled, top_k, top_p, min_p).log_softmax(-1) - exponential_noise(
         seed, positions, logits.shape[-1]).log()
     return torch.where((temperature > 0)[:, None, None], raced, logits)
 
@@ -186,12 +186,12 @@ def recorded_decisions() -> Iterator[DecisionRecorder]:
 
     recorder = DecisionRecorder()
 
-    def recording(logits, temperature, top_k, top_p, seed, positions):
-        scores = decision_scores(logits, temperature, top_k, top_p, seed, positions)
+    def recording(logits, temperature, top_k, top_p, seed, positions, min_p=None):
+        scores = decision_scores(logits, temperature, top_k, top_p, seed, positions, min_p)
         recorder.margins.extend(decision_margins(scores).flatten().tolist())
         scale = scores.masked_fill(~torch.isfinite(scores), 0).abs().amax(dim=-1)
         recorder.scales.extend(scale.flatten().tolist())
-        return original(logits, temperature, top_k, top_p, seed, positions)
+        return original(logits, temperature, top_k, top_p, seed, positions, min_p)
 
     frame.sample = proposals.sample = recording
     try:

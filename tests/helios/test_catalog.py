@@ -218,10 +218,10 @@ def test_a_fresh_process_loads_and_runs_without_importing_ignition(catalog_dir):
     assert result.stdout.startswith("ok")
 
 
-def test_version_1_catalog_is_refused_with_one_line_saying_to_recapture(catalog_dir):
-    """Program contract version 2 (draft state, combined weights) cannot run version-1 programs."""
-    edit_manifest(catalog_dir, format_version=1)
-    with pytest.raises(CatalogError, match=r"format version 1 but this Flare reads version 2.*recapture") as error:
+def test_version_2_catalog_is_refused_with_one_line_saying_to_recapture(catalog_dir):
+    """Program contract version 3 (logprob outputs, sampling controls, token history) cannot run older programs."""
+    edit_manifest(catalog_dir, format_version=2)
+    with pytest.raises(CatalogError, match=r"format version 2 but this Flare reads version 3.*recapture") as error:
         load(catalog_dir)
     assert "\n" not in str(error.value)
 

@@ -119,13 +119,13 @@ BOMB = "".join(f"x{i}: &x{i} [" + ", ".join([f"*x{i - 1}"] * 9 if i else ["lol"]
 
 CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("no manifest", lambda root: (root / "catalog.yaml").unlink(), "not a catalog (no catalog.yaml)"),
-    ("manifest not YAML", text(lambda t: "format_version: 2\nprograms: [\n"), "not valid YAML"),
+    ("manifest not YAML", text(lambda t: "format_version: 3\nprograms: [\n"), "not valid YAML"),
     ("manifest a list", text(lambda t: "- 1\n- 2\n"), "no format_version"),
     ("alias bomb in the manifest", text(lambda t: BOMB + t), "a YAML alias at line 2 (manifests have none)"),
     ("nesting 100 deep", text(lambda t: t + "junk: " + "[" * 100 + "]" * 100 + "\n"), "nested more than 32 deep"),
-    ("format_version a string", text(lambda t: t.replace("format_version: 2", "format_version: '2'", 1)),
-     "format_version must be the integer 2, got '2' (str)"),
-    ("format_version 3", manifest(lambda r: r.update(format_version=3)), "format version 3 but this Flare reads version 2"),
+    ("format_version a string", text(lambda t: t.replace("format_version: 3", "format_version: '3'", 1)),
+     "format_version must be the integer 3, got '3' (str)"),
+    ("format_version 2", manifest(lambda r: r.update(format_version=2)), "format version 2 but this Flare reads version 3"),
     ("flare_version from the future", manifest(lambda r: r.update(flare_version="99.0.0")),
      "captured by Flare 99.0.0, newer than this Flare"),
     ("flare_version not a version", manifest(lambda r: r.update(flare_version="banana")), "'banana' is not a version"),

@@ -18,6 +18,7 @@ import torch
 from eager_target import assert_same_or_near_tie
 from engine_driver import serve, wait_idle
 from helios.runtime.engine import EngineConfig, HeliosEngine, prompt_lookup
+from helios.runtime.executor import neutral_control_inputs
 from helios.runtime.engine_api import (
     EngineUnavailable,
     FinishReason,
@@ -64,7 +65,7 @@ def greedy_by_hand(catalog, prompt: tuple[int, ...], count: int) -> list[int]:
     row = {"page_table": table, "row_slots": torch.tensor([0], dtype=torch.int32),
            "query_lens": torch.tensor([1], dtype=torch.int32), "temperature": torch.tensor([0.0]),
            "top_k": torch.tensor([0], dtype=torch.int32), "top_p": torch.tensor([1.0]),
-           "seed": torch.tensor([0])}
+           "seed": torch.tensor([0]), **neutral_control_inputs(1)}
     chunk = torch.zeros(64, dtype=torch.int64)
     chunk[: len(prompt)] = torch.tensor(prompt)
     prompt_row = {**row, "query_lens": torch.tensor([len(prompt)], dtype=torch.int32)}
@@ -358,9 +359,10 @@ def test_warm_up_calls_every_program_with_inactive_rows_and_mutates_nothing(cata
     engine = make_engine(catalog, eager, "adaptive", program_for=program_for)
     for tensor in engine.executor.state.values():
         tensor.fill_(3)
+    before = {name: t.clone() for name, t in engine.executor.state.items()}
     engine.warm_up()
     assert sorted(called) == sorted(g.id for g in engine.scheduler.graphs)  # the selected programs (Y3)
-    assert all(bool((t == 3).all()) for t in engine.executor.state.values())
+    assert all(torch.equal(t, before[name]) for name, t in engine.executor.state.items())
 
 
 def test_an_internal_error_fails_every_request_and_stops_admitting_instead_of_hanging(catalog, eager):

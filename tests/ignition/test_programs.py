@@ -164,6 +164,10 @@ def test_C1_scored_prefill_logprobs_equal_plain_log_softmax():
     want = full[torch.arange(7), torch.tensor(prompt[1:8])]
     assert_close_paths(out["logprobs"][:7], want, TOLERANCE, "scored logprobs")
     assert torch.all(out["logprobs"][7:] == 0)
+    top = out["prompt_top_logprobs"][:7]  # the best alternatives at each prompt position, most likely first
+    assert_close_paths(top, full[:7].topk(top.shape[1]).values, TOLERANCE, "prompt top logprobs")
+    assert_close_paths(full[:7].gather(1, out["prompt_top_token_ids"][:7]), top, TOLERANCE, "named alternatives")
+    assert torch.all(out["prompt_top_logprobs"][7:] == 0)
 
 
 def _drafts(continuation: list[int], wrong_at: int | None, width: int) -> list[int]:
@@ -338,7 +342,7 @@ def test_program_signature_lists_inputs_in_call_order():
     spec = build_program(MIXED, CONFIG, LAYOUT)
     assert spec.input_names[0] == "weights" and spec.weight_keys == CONFIG.weight_keys()
     assert spec.input_names[1:] == tuple(s.name for s in spec.inputs)
-    assert spec.mutated_inputs == ("k_cache", "v_cache", "pending", "seq_lens")
+    assert spec.mutated_inputs == ("k_cache", "v_cache", "pending", "seq_lens", "token_counts", "prompt_seen")
     shapes = {s.name: s.shape for s in spec.inputs}
     assert shapes["draft_tokens"] == (4, 2) and shapes["prompt_tokens"] == (16,)
     assert spec.module.shape.packed == 16 + 3 * 3  # C10: prefill_capacity + (B - 1) * W

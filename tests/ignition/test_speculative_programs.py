@@ -346,8 +346,10 @@ def test_C15_ordinary_programs_never_touch_the_draft_and_take_no_draft_inputs():
     assert not any(k.startswith("draft.") for k in spec.weight_keys)
     learned = MODEL.spec(SPEC_B4W3)
     assert "draft_tokens" not in learned.input_names and "draft_k_cache" in learned.mutated_inputs
-    assert learned.output_names == ("tokens", "num_tokens", "verified_lens", "survival")
-    assert MODEL.spec(RAGGED_PL).output_names == ("tokens", "num_tokens", "verified_lens", "confidence", "survival")
+    logprobs = ("token_logprobs", "top_logprobs", "top_token_ids")
+    assert learned.output_names == ("tokens", "num_tokens", *logprobs, "verified_lens", "survival")
+    assert MODEL.spec(RAGGED_PL).output_names == ("tokens", "num_tokens", *logprobs, "verified_lens", "confidence",
+                                                  "survival")
     assert "draft_tokens" in MODEL.spec(COPY_B2W3).input_names
     assert MODEL.spec(MIXED_W1).descriptor.kind is GraphKind.MIXED and "draft_k_cache" in MODEL.spec(MIXED_W1).input_names
 

@@ -163,7 +163,7 @@ def test_chat_echo_with_continue_final_message(client):
 @pytest.mark.parametrize(("extra", "param"), [
     ({"n": 17}, "n"),
     ({"n": 2, "best_of": 3}, "best_of"),
-    ({"extra_body": {"min_p": 0.1}}, "min_p"),
+    ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
 ])
 def test_fields_not_honoured_are_a_bad_request_naming_the_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as refused:
