@@ -1,4 +1,4 @@
-"""``flare::write_slot_state``: commit each active row's pending token and length.
+"""``flare::write_slot_state``, Python reference kernel: commit each active row's pending token and length.
 
 Programs keep per-slot request state on the device (``pending`` next input
 token, ``seq_lens`` committed KV length) so that a decode frame can be queued
@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 
-@torch.library.custom_op("flare::write_slot_state", mutates_args=("pending", "seq_lens"), device_types="cpu")
 def write_slot_state(
     pending: torch.Tensor,  # int64 [slots]
     seq_lens: torch.Tensor,  # int32 [slots]
@@ -28,8 +27,3 @@ def write_slot_state(
         raise ValueError(f"active rows share a slot ({slots.tolist()}): each slot appears in at most one active row")
     pending.index_put_((slots,), new_pending[active])
     seq_lens.index_put_((slots,), new_seq_lens[active])
-
-
-@write_slot_state.register_fake
-def _(pending, seq_lens, row_slots, query_lens, new_pending, new_seq_lens) -> None:
-    return None
