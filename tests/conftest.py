@@ -72,4 +72,4 @@ def cli_capture(request, tmp_path_factory) -> CliCapture:
     return CliCapture(folder, **json.loads(printed.read_text()))
 
 
-CLI_CAPTURE_OPTIONS = ("--concurrency", "1", "--drafts", "0", "--prefill-chunk", "64")
+CLI_CAPTURE_OPTIONS = ("--concurrency", "1", "--drafts", "0", "--prefill-chunk", "64", "--compile", "none")

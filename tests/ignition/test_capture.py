@@ -367,3 +367,37 @@ def _compare(program_id: str, eager: dict, got: dict, initial: dict) -> dict[str
             continue
         diffs[name] = _relative(got["cache"][name], eager["state"][name][written])
     return diffs
+
+
+def test_compile_kinds_choose_which_programs_get_a_package(tmp_path, tokenizer, monkeypatch):
+    """Only programs of the compiled kinds are compiled; a catalog where none is says compile: none."""
+    from ignition.capture import export
+
+    compiled = []
+    monkeypatch.setattr(export.torch._inductor, "aoti_compile_and_package",
+                        lambda ep, package_path, inductor_configs: compiled.append(Path(package_path).name)
+                        or Path(package_path).write_bytes(b"package"))
+    root = write_catalog(stand_in_source(tokenizer), tmp_path / "c", compile="aoti", compile_kinds=("decode",)).path
+    manifest = load(root, trust=True).manifest
+    assert sorted(compiled) == ["decode_b1.aoti.pt2", "decode_b4.aoti.pt2"] and manifest.compile == "aoti"
+    assert {p.id: p.compiled_file for p in manifest.programs} == {
+        "prefill_p8": None, "decode_b1": "programs/decode_b1.aoti.pt2", "decode_b4": "programs/decode_b4.aoti.pt2"}
+    assert [p.id for p in manifest.programs] == ["prefill_p8", "decode_b1", "decode_b4"]  # plan order kept
+    none = write_catalog(stand_in_source(tokenizer), tmp_path / "n", compile="aoti", compile_kinds=("mixed",)).path
+    assert load(none).manifest.compile == "none" and len(compiled) == 2
+
+
+def test_a_recipe_asking_for_aoti_without_a_compiler_exports_only(monkeypatch):
+    from ignition.capture import pipeline
+    from ignition.recipes import load_recipe
+
+    recipe = load_recipe("flare-tiny")
+    monkeypatch.setattr(pipeline, "have_compiler", lambda: False)
+    choice = pipeline.compile_choice(pipeline.CaptureRequest("flare-tiny", Path("x")), recipe)
+    assert (choice.mode, choice.kinds) == ("none", ()) and "no C++ compiler" in choice.note
+    with pytest.raises(CaptureError, match=r"needs a C\+\+ compiler"):
+        pipeline.compile_choice(pipeline.CaptureRequest("flare-tiny", Path("x"), compile="aoti"), recipe)
+    monkeypatch.setattr(pipeline, "have_compiler", lambda: True)
+    choice = pipeline.compile_choice(pipeline.CaptureRequest("flare-tiny", Path("x"), compile_kinds=()), recipe)
+    assert (choice.mode, choice.kinds, choice.note) == ("aoti", (), None)  # --compile-kinds all
+    assert pipeline.compile_choice(pipeline.CaptureRequest("flare-tiny", Path("x"), compile="none"), recipe).mode == "none"
