@@ -57,7 +57,7 @@ def tiny_catalog_path(base: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "catalog.yaml").is_file():
             recipe = load_recipe("flare-tiny").resolve()
-            plan = plan_capacity(recipe, CapacityOptions(mixed_prefill=True))
+            plan = plan_capacity(recipe, CapacityOptions(concurrency=4, mixed_prefill=True))  # the slice keeps 4 slots
             graphs = tuple(g for g in plan.graphs if g.id in PROGRAMS)
             source = dataclasses.replace(model_source(recipe, plan), graphs=graphs)
             write_catalog(source, folder)
