@@ -99,19 +99,26 @@ def native_library(cache: Path | None = None) -> Path:
     library = folder / LIBRARY_NAME
     if library.is_file():
         return library
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _build(command, folder, library)
+    except OSError as exc:  # a read-only or full cache folder
+        raise NativeKernelsUnavailable(f"cannot build into {folder}: {exc}") from None
+    return library
+
+
+def _build(command: list[str], folder: Path, library: Path) -> None:
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         partial = Path(scratch) / LIBRARY_NAME
         try:
             done = subprocess.run([*command, "-o", str(partial)], capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise NativeKernelsUnavailable(f"cannot run the C++ compiler: {exc}") from None
+        except subprocess.TimeoutExpired:
+            raise NativeKernelsUnavailable("the C++ compiler ran for more than 600 s") from None
         if done.returncode != 0:
             (folder / "build.log").write_text(done.stdout + done.stderr)
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise NativeKernelsUnavailable(f"compiling {SOURCE.name} failed ({last[:200]}); log: {folder / 'build.log'}")
         os.replace(partial, library)  # atomic: a concurrent build of the same digest just replaces it
-    return library
 
 
 def _compiler() -> str:

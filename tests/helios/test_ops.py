@@ -238,3 +238,16 @@ def test_installed_kernels_agree_with_the_python_references(seed):
 def test_kernel_choice_is_reported_and_checked():
     assert kernels.active() in ("native", "python")
     assert kernels.install("python") == kernels.active()  # chosen once per process; later calls report it
+
+
+def test_native_kernels_that_cannot_be_built_are_one_clear_error(tmp_path, monkeypatch):
+    """A failing compiler or an unwritable cache raises NativeKernelsUnavailable (auto then falls back to
+    the Python kernels with a warning); nothing half-built is left where a later start would load it."""
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that fails at once
+    with pytest.raises(kernels.NativeKernelsUnavailable, match="failed.*build.log"):
+        kernels.native_library(cache=tmp_path)
+    assert not list(tmp_path.rglob(kernels.LIBRARY_NAME))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(kernels.NativeKernelsUnavailable, match="cannot build into"):
+        kernels.native_library(cache=blocker / "cache")
