@@ -65,11 +65,13 @@ def cli_capture(request, tmp_path_factory) -> CliCapture:
     with open(base / "capture.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not printed.is_file():
-            result = CliRunner().invoke(app, ["capture", "flare-tiny", "--out", str(folder), *CLI_CAPTURE_OPTIONS])
+            # --compile none: this fixture is the exported path (the recipe compiles prefill and decode)
+            result = CliRunner().invoke(app, ["capture", "flare-tiny", "--out", str(folder), *CLI_CAPTURE_OPTIONS,
+                                              "--compile", "none"])
             assert result.exit_code == 0, result.output
             printed.write_text(json.dumps({"exit_code": result.exit_code, "stdout": result.stdout,
                                            "stderr": result.stderr}))
     return CliCapture(folder, **json.loads(printed.read_text()))
 
 
-CLI_CAPTURE_OPTIONS = ("--concurrency", "1", "--drafts", "0", "--prefill-chunk", "64", "--compile", "none")
+CLI_CAPTURE_OPTIONS = ("--concurrency", "1", "--drafts", "0", "--prefill-chunk", "64")
