@@ -117,7 +117,10 @@ class RunOptions:
 def open_catalog(options: RunOptions) -> Catalog:
     """Steps 1-2: the catalog found, validated and judged servable here, before any program runs."""
     folder = options.catalog or bundled_catalog()
-    catalog = _step(f"load catalog {folder}", lambda: _load(folder, options.trust_catalog))
+    # The bundled catalog is Flare's own capture into its own cache (compiled programs included), so it is trusted
+    # as Flare's installed code is; a catalog named on the command line needs --trust-catalog for native code.
+    trust = options.trust_catalog or options.catalog is None
+    catalog = _step(f"load catalog {folder}", lambda: _load(folder, trust))
     check_servable(catalog)
     options.check_selection(catalog)
     return catalog

@@ -130,7 +130,14 @@ def plan(
 
 
 CompileOpt = Annotated[
-    str, typer.Option("--compile", help="none: export programs only (fast); aoti: also AOTInductor-compile each program (slow).")
+    Optional[str], typer.Option("--compile", help="none: export programs only (fast); aoti: also AOTInductor-compile "
+                                                  "programs, which then run without Python (slower capture) "
+                                                  "[default: the recipe's compile.mode].")
+]
+CompileKindsOpt = Annotated[
+    Optional[str], typer.Option("--compile-kinds", help="Comma-separated program kinds --compile aoti compiles "
+                                                        "(prefill, scored_prefill, decode, speculative, mixed; 'all') "
+                                                        "[default: the recipe's compile.kinds].")
 ]
 
 
@@ -145,7 +152,8 @@ def capture(
     drafts: DraftsOpt = None,
     speculative_token_capacity: TokenCapacityOpt = None,
     mixed_prefill: MixedOpt = False,
-    compile: CompileOpt = "none",
+    compile: CompileOpt = None,
+    compile_kinds: CompileKindsOpt = None,
     jobs: Annotated[
         Optional[int], typer.Option("--jobs", help="Worker processes exporting programs in parallel [default: CPU count].")
     ] = None,
@@ -158,11 +166,20 @@ def capture(
     observer = ProgressObserver(Console(stderr=True))
     with user_errors(ctx):
         try:
-            request = CaptureRequest(recipe, out, model, options, compile, (os.cpu_count() or 1) if jobs is None else jobs)
+            request = CaptureRequest(recipe, out, model, options, compile, (os.cpu_count() or 1) if jobs is None else jobs,
+                                     _kinds(compile_kinds))
             summary = run_capture(request, observer)
         finally:
             observer.close()
     print_capture_summary(Console(), summary)
+
+
+def _kinds(text: str | None) -> tuple[str, ...] | None:
+    """``--compile-kinds`` as a tuple; ``all`` (or nothing listed) is every kind."""
+    if text is None:
+        return None
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    return () if kinds in ((), ("all",)) else kinds
 
 
 @app.command()

@@ -65,7 +65,9 @@ def cli_capture(request, tmp_path_factory) -> CliCapture:
     with open(base / "capture.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not printed.is_file():
-            result = CliRunner().invoke(app, ["capture", "flare-tiny", "--out", str(folder), *CLI_CAPTURE_OPTIONS])
+            # --compile none: this fixture is the exported path (the recipe compiles prefill and decode)
+            result = CliRunner().invoke(app, ["capture", "flare-tiny", "--out", str(folder), *CLI_CAPTURE_OPTIONS,
+                                              "--compile", "none"])
             assert result.exit_code == 0, result.output
             printed.write_text(json.dumps({"exit_code": result.exit_code, "stdout": result.stdout,
                                            "stderr": result.stderr}))

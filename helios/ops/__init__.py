@@ -1,18 +1,21 @@
 """Custom torch ops that Flare's prepared programs call.
 
-Importing this package registers every op under the ``flare::`` namespace
-(idempotent: Python imports each module once). Both ``ignition`` (at capture)
-and ``helios`` (before loading programs) import it; it holds no model code.
-
-Each op has a fake kernel so ``torch.export`` can trace it, and a CPU kernel
-whose work follows the real sequence lengths rather than the program's fixed
-capacities. The kernels are registered for ``device_types="cpu"``; a CUDA
-kernel joins the same op with ``torch.library.register_kernel(
-"flare::write_kv", "cuda", fn)`` (and likewise for the others), so programs
-exported on either device call the same op names.
+Importing this package defines every op under the ``flare::`` namespace
+(``schema``: schemas and fake kernels, so ``torch.export`` can trace them) and
+installs their CPU kernels (``kernels``: native C++ built once per machine,
+or the Python references in ``attention``, ``kv_cache`` and ``slot_state``;
+``FLARE_OPS_KERNELS`` chooses). Both kernels do work that follows the real
+sequence lengths rather than the program's fixed capacities. Both ``ignition``
+(at capture) and ``helios`` (before loading programs) import it; it holds no
+model code. A CUDA kernel joins the same op with
+``torch.library.register_kernel("flare::write_kv", "cuda", fn)`` (and likewise
+for the others), so programs exported on either device call the same op names.
 """
 
-from helios.ops import attention, kv_cache, slot_state  # noqa: F401  (registers the ops)
+from helios.ops import schema  # noqa: F401  (defines the ops)
+from helios.ops import attention, kernels, kv_cache, slot_state
 from helios.ops.layout import PackedRows
 
-__all__ = ["PackedRows", "attention", "kv_cache", "slot_state"]
+kernels.install()
+
+__all__ = ["PackedRows", "attention", "kernels", "kv_cache", "schema", "slot_state"]

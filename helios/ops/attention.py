@@ -1,4 +1,5 @@
-"""``flare::paged_attention``: attention for packed variable-length rows over the paged cache.
+"""``flare::paged_attention``, Python reference kernel: attention for packed variable-length rows
+over the paged cache (the native kernel in ``csrc/flare_ops.cpp`` computes the same).
 
 Each active row's queries attend to the row's committed context plus its own
 new tokens, causally (query ``i`` sees positions ``<= start + i``). The new
@@ -13,7 +14,6 @@ import torch
 from helios.ops.layout import PackedRows, active_rows, slot_positions
 
 
-@torch.library.custom_op("flare::paged_attention", mutates_args=(), device_types="cpu")
 def paged_attention(
     q: torch.Tensor,  # [T, heads, head_dim] packed queries
     k_cache: torch.Tensor,  # [layers, num_pages, page_size, kv_heads, head_dim]
@@ -64,8 +64,3 @@ def _row_context(k_layer, v_layer, page_table, row: PackedRows):
     k = k_layer[pages].flatten(0, 1)[: row.end]
     v = v_layer[pages].flatten(0, 1)[: row.end]
     return k, v
-
-
-@paged_attention.register_fake
-def _(q, k_cache, v_cache, layer, page_table, row_slots, query_lens, start_pos, scale):
-    return torch.empty_like(q)

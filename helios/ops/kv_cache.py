@@ -1,4 +1,4 @@
-"""``flare::write_kv``: store a packed frame's new keys and values in the paged cache.
+"""``flare::write_kv``, Python reference kernel: store a packed frame's new keys and values in the paged cache.
 
 Caches are ``[layers, num_pages, page_size, kv_heads, head_dim]``; one tensor
 for all layers lets each program take a single K and a single V input, and
@@ -13,7 +13,6 @@ import torch
 from helios.ops.layout import active_rows, slot_positions
 
 
-@torch.library.custom_op("flare::write_kv", mutates_args=("k_cache", "v_cache"), device_types="cpu")
 def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -31,8 +30,3 @@ def write_kv(
         packed = slice(row.offset, row.offset + row.length)
         k_cache[layer].index_put_((pages, offsets), k[packed])
         v_cache[layer].index_put_((pages, offsets), v[packed])
-
-
-@write_kv.register_fake
-def _(k_cache, v_cache, layer, k, v, page_table, row_slots, query_lens, start_pos) -> None:
-    return None

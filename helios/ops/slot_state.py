@@ -1,5 +1,5 @@
-"""``flare::write_slot_state``: commit each active row's pending token and length; ``flare::write_token_history``:
-its token history (the penalties' counts and prompt ids).
+"""``flare::write_slot_state`` and ``flare::write_token_history``, Python reference kernels: commit each active
+row's pending token and length, and its token history (the penalties' counts and prompt ids).
 
 Programs keep per-slot request state on the device (``pending`` next input
 token, ``seq_lens`` committed KV length) so that a decode frame can be queued
@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 
-@torch.library.custom_op("flare::write_slot_state", mutates_args=("pending", "seq_lens"), device_types="cpu")
 def write_slot_state(
     pending: torch.Tensor,  # int64 [slots]
     seq_lens: torch.Tensor,  # int32 [slots]
@@ -31,13 +30,7 @@ def write_slot_state(
     seq_lens.index_put_((slots,), new_seq_lens[active])
 
 
-@write_slot_state.register_fake
-def _(pending, seq_lens, row_slots, query_lens, new_pending, new_seq_lens) -> None:
-    return None
 
-
-@torch.library.custom_op("flare::write_token_history", mutates_args=("token_counts", "prompt_seen"),
-                         device_types="cpu")
 def write_token_history(
     token_counts: torch.Tensor,  # int32 [slots, V]: output tokens the slot's request committed, by id
     prompt_seen: torch.Tensor,  # bool [slots, V]: ids in the slot's prompt so far
@@ -47,15 +40,10 @@ def write_token_history(
     new_seen: torch.Tensor,  # bool [B, V]
 ) -> None:
     """Replace the history rows of every active row's slot (the penalties' token history, program
-    contract version 3); inactive rows write nothing."""
+    contract version 3); inactive rows write nothing. Python only: one indexed copy per frame."""
     active = query_lens > 0
     slots = row_slots[active].long()
     if slots.numel() and not (0 <= int(slots.min()) and int(slots.max()) < token_counts.shape[0]):
         raise ValueError(f"row_slots {slots.tolist()} outside 0..{token_counts.shape[0] - 1}")
     token_counts.index_put_((slots,), new_counts[active])
     prompt_seen.index_put_((slots,), new_seen[active])
-
-
-@write_token_history.register_fake
-def _(token_counts, prompt_seen, row_slots, query_lens, new_counts, new_seen) -> None:
-    return None

@@ -60,25 +60,30 @@ def flare_version() -> str:
 
 
 def write_catalog(
-    source: CaptureSource, out: Path, observer: CaptureObserver | None = None, compile: str = "none", *, jobs: int = 1
+    source: CaptureSource, out: Path, observer: CaptureObserver | None = None, compile: str = "none", *, jobs: int = 1,
+    compile_kinds: tuple[str, ...] = (),
 ) -> CaptureSummary:
     """Capture ``source`` into the catalog folder ``out``, atomically.
 
     ``jobs`` > 1 exports programs in that many worker processes when the source
     can be rebuilt in one (``CaptureSource.rebuild``); the catalog is the same.
+    ``compile="aoti"`` also compiles the programs of ``compile_kinds`` (empty: all).
     """
     observer = observer or CaptureObserver()
     if compile not in COMPILE_MODES:
         raise CaptureError(f"--compile {compile!r} is unknown; use one of {', '.join(COMPILE_MODES)}")
+    compiled = frozenset(d.id for d in source.graphs
+                         if compile == "aoti" and (not compile_kinds or d.kind.value in compile_kinds))
     started = time.perf_counter()
     with staged_folder(out) as root:
         observer.step("write weights")
         weights = _write_weights(root, source.weights)
         observer.step("copy tokenizer")
         tokenizer = _copy_tokenizer(root, source)
-        programs = _export_programs(root, source, weights, observer, compile == "aoti", jobs)
+        programs = _export_programs(root, source, weights, observer, compiled, jobs)
         observer.step("write manifest")
-        manifest = dataclasses.replace(_manifest(source, weights, tokenizer, programs), compile=compile)
+        manifest = dataclasses.replace(_manifest(source, weights, tokenizer, programs),
+                                       compile="aoti" if compiled else "none")
         (root / MANIFEST_NAME).write_text(manifest.dump())
         total = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     kinds = Counter(p.descriptor.kind.value for p in programs)
@@ -107,20 +112,27 @@ def _copy_tokenizer(root: Path, source: CaptureSource) -> dict:
 
 
 def _export_programs(
-    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver, aoti: bool,
-    jobs: int = 1,
+    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver,
+    compiled: frozenset[str], jobs: int = 1,
 ) -> tuple[ProgramEntry, ...]:
     (root / "programs").mkdir()
-    observer.step(f"export {len(source.graphs)} programs" + (" and compile them with AOTInductor" if aoti else ""))
+    observer.step(f"export {len(source.graphs)} programs"
+                  + (f" and compile {len(compiled)} with AOTInductor" if compiled else ""))
     observer.programs_started(len(source.graphs))
     workers = min(jobs, len(source.graphs)) if source.rebuild is not None else 1
     if workers > 1:
-        return _export_in_workers(root, source, weights, observer, aoti, workers)
+        return _export_in_workers(root, source, weights, observer, compiled, workers)
     entries = []
-    for descriptor in source.graphs:
-        entries.append(_export_one(root, source, weights, descriptor, aoti))
+    for descriptor in _compiled_first(source.graphs, compiled):
+        entries.append(_export_one(root, source, weights, descriptor, descriptor.id in compiled))
         observer.program_done(descriptor)
-    return tuple(entries)
+    by_id = {entry.id: entry for entry in entries}
+    return tuple(by_id[d.id] for d in source.graphs)
+
+
+def _compiled_first(graphs: tuple[GraphDescriptor, ...], compiled: frozenset[str]) -> list[GraphDescriptor]:
+    """The slow compiled programs start first, so parallel workers finish together."""
+    return sorted(graphs, key=lambda d: d.id not in compiled)
 
 
 # Each worker process rebuilds the source once (weights, builder) and keeps it here.
@@ -139,14 +151,15 @@ def _worker_export(root: Path, weights: tuple[WeightSet, ...], descriptor: Graph
 
 
 def _export_in_workers(
-    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver, aoti: bool,
-    workers: int,
+    root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver,
+    compiled: frozenset[str], workers: int,
 ) -> tuple[ProgramEntry, ...]:
     """Export in ``workers`` fresh (spawned) processes; entries come back in plan order."""
     context = multiprocessing.get_context("spawn")  # never fork a process that has started torch threads
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
                              initargs=(source.rebuild,)) as pool:
-        futures = {pool.submit(_worker_export, root, weights, d, aoti): d for d in source.graphs}
+        futures = {pool.submit(_worker_export, root, weights, d, d.id in compiled): d
+                   for d in _compiled_first(source.graphs, compiled)}
         done: dict[str, ProgramEntry] = {}
         for future in as_completed(futures):
             descriptor = futures[future]

@@ -17,6 +17,13 @@ import torch
 
 from flare_contract.manifest import ArgSpec
 
+# AOTInductor settings for every compiled program. Single-threaded generated kernels: with OpenMP regions
+# (what Inductor emits when the capturing process has several torch threads), a decode step ran 4x slower
+# at two threads on two shared cores than the same package without them, and 16x slower than either at one
+# thread (docs/catalog-format.md, "Programs"). Matrix products still call ATen, which uses the runtime's
+# --threads. Fixing it here also makes the package independent of the capturing process's thread count.
+AOTI_CONFIGS = {"cpp.threads": 1}
+
 
 class ProgramSpecLike(Protocol):
     """What ``ignition.models.programs.build_program`` returns (duck-typed here)."""
@@ -60,7 +67,7 @@ def export_program(
     args = positional_args(spec)
     ep = torch.export.export(spec.module, args, strict=False)
     if compiled_path is not None:
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(compiled_path))
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(compiled_path), inductor_configs=AOTI_CONFIGS)
     # What the graph writes, plus what the builder declares (belt and braces).
     mutated = _mutated_inputs(ep, spec.input_names, args) | set(getattr(spec, "mutated_inputs", ()))
     outputs = _output_specs(ep, spec.output_names)

@@ -29,6 +29,7 @@ from ignition.models.checkpoint import load_checkpoint, load_config
 from ignition.models.programs import StateLayout, build_program
 from ignition.models.proposals import DRAFT_PREFIX
 from ignition.recipes import Recipe, load_recipe
+from ignition.recipes.schema import COMPILABLE_KINDS
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 # Files beside tokenizer.json that describe how to use it (chat template, specials).
@@ -43,28 +44,61 @@ class CaptureRequest:
     out: Path
     model: Path | None = None  # --model: a local Hugging Face checkpoint folder
     options: CapacityOptions = CapacityOptions()
-    compile: str = "none"
+    compile: str | None = None  # --compile; None: the recipe's compile.mode
     jobs: int = 1  # worker processes exporting programs in parallel
+    compile_kinds: tuple[str, ...] | None = None  # --compile-kinds; None: the recipe's compile.kinds
 
     def __post_init__(self) -> None:
-        if self.compile not in COMPILE_MODES:
+        if self.compile is not None and self.compile not in COMPILE_MODES:
             raise CaptureError(f"--compile {self.compile!r} is unknown; use one of {', '.join(COMPILE_MODES)}")
+        unknown = [k for k in self.compile_kinds or () if k not in COMPILABLE_KINDS]
+        if unknown:
+            raise CaptureError(f"--compile-kinds: unknown kind {unknown[0]!r}; use some of {', '.join(COMPILABLE_KINDS)}")
         if self.jobs < 1:
             raise CaptureError(f"--jobs must be >= 1, got {self.jobs}")
+
+
+@dataclass(frozen=True, slots=True)
+class CompileChoice:
+    """What capture compiles: the request's flags over the recipe's ``compile`` defaults."""
+
+    mode: str
+    kinds: tuple[str, ...]  # empty: every kind
+    note: str | None = None  # why a recipe's aoti became none (no compiler)
+
+
+def compile_choice(request: CaptureRequest, recipe: Recipe) -> CompileChoice:
+    """``--compile aoti`` without a compiler is an error; a recipe's default falls back to export only."""
+    mode = request.compile or recipe.compile.mode
+    kinds = request.compile_kinds if request.compile_kinds is not None else recipe.compile.kinds
+    if mode == "aoti" and not have_compiler():
+        if request.compile == "aoti":
+            raise CaptureError("--compile aoti needs a C++ compiler (c++ or g++) on PATH; "
+                               "install one or use --compile none")
+        return CompileChoice("none", (), f"recipe {recipe.name} asks for compiled programs but there is no C++ "
+                                         "compiler (c++ or g++): exporting only")
+    return CompileChoice(mode, tuple(kinds) if mode == "aoti" else ())
+
+
+def have_compiler() -> bool:
+    return bool(shutil.which("c++") or shutil.which("g++"))
 
 
 def capture(request: CaptureRequest, observer: CaptureObserver | None = None) -> CaptureSummary:
     """Capture ``request.recipe`` into ``request.out`` (atomically), reporting each step."""
     observer = observer or CaptureObserver()
     recipe, plan = preflight(request)
+    choice = compile_choice(request, recipe)
+    if choice.note:
+        observer.step(choice.note)
     observer.step(f"load checkpoint {_reference(recipe.checkpoint_folder(request.model))}")
     source = model_source(recipe, plan, request.model)
-    return write_catalog(source, request.out, observer, request.compile, jobs=request.jobs)
+    return write_catalog(source, request.out, observer, choice.mode, jobs=request.jobs, compile_kinds=choice.kinds)
 
 
 def preflight(request: CaptureRequest) -> tuple[Recipe, CapacityPlan]:
     """Every cheap check, before any output: bad input fails fast with one line."""
-    if request.compile == "aoti" and not (shutil.which("c++") or shutil.which("g++")):
+    if request.compile == "aoti" and not have_compiler():
         raise CaptureError("--compile aoti needs a C++ compiler (c++ or g++) on PATH; "
                            "install one or use --compile none")
     recipe = load_recipe(request.recipe)

@@ -19,6 +19,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 PROPOSAL_SOURCES = ("learned", "copy")
 MAX_REQUEST_SLOTS = 64  # spec U11 / C7: mixed batches go up to 64 rows
 UNDECLARED_COMPLETION_CAPACITY = 8  # spec C7: the core's default completion token capacity
+COMPILE_MODES = ("none", "aoti")
+# Program kinds ignition builds (flare_contract.graphs.GraphKind values it has a builder for).
+COMPILABLE_KINDS = ("prefill", "scored_prefill", "decode", "speculative", "mixed")
 
 
 class RecipeError(ValueError):
@@ -88,6 +91,20 @@ class CapacityDefaults:
 
 
 @dataclass(frozen=True, slots=True)
+class CompileDefaults:
+    """How capture prepares programs beyond ``torch.export``; ``--compile`` and
+    ``--compile-kinds`` override it (docs/catalog-format.md, "Programs").
+
+    ``aoti``: each program of the listed kinds (empty: every kind) also gets an
+    AOTInductor package, which the runtime runs instead of interpreting the
+    exported graph. A capture without a C++ compiler exports only, with a warning.
+    """
+
+    mode: str = field(default="none", metadata=rules.one_of(COMPILE_MODES))
+    kinds: tuple[str, ...] = field(default=(), metadata=rules.subset_of(COMPILABLE_KINDS))
+
+
+@dataclass(frozen=True, slots=True)
 class Recipe:
     """One model family and its catalog defaults (see docs/cli.md for the YAML)."""
 
@@ -101,6 +118,7 @@ class Recipe:
     tokenizer: str = "tokenizer.json"  # relative to the target checkpoint folder
     draft: ModelSource | None = None  # the learned-proposal model, if any
     kv_page_size: int = field(default=16, metadata=rules.power_of_two_between(1, 1024))
+    compile: CompileDefaults = CompileDefaults()
     source: Path | None = None  # the YAML file it came from (set by the loader)
 
     @property

@@ -1,5 +1,10 @@
 """The flare:: custom ops against plain dense references (spec C14: packed rows,
-inactive rows and unused capacity mutate nothing)."""
+inactive rows and unused capacity mutate nothing).
+
+Every behaviour test runs twice: through ``torch.ops.flare`` (the kernels this
+process installed, native C++ where a compiler built them) and through the
+Python reference kernels called directly, so both implementations are held to
+the same rules and the same error messages."""
 
 from __future__ import annotations
 
@@ -12,9 +17,22 @@ from helios.ops.layout import NO_PAGE
 from numerics import assert_close_paths, chain_tolerance
 
 import helios.ops  # noqa: F401  (registers flare::)
+from helios.ops import attention, kernels, kv_cache, slot_state
 
 LAYERS, PAGES, PAGE, KV_HEADS, HEADS, DIM = 2, 24, 4, 2, 4, 8
 SLOTS, MAX_PAGES = 4, 6
+
+
+class _PythonKernels:
+    write_kv = staticmethod(kv_cache.write_kv)
+    paged_attention = staticmethod(attention.paged_attention)
+    write_slot_state = staticmethod(slot_state.write_slot_state)
+
+
+@pytest.fixture(params=["installed", "python"])
+def flare(request):
+    """The op namespace under test: the installed kernels, or the Python references."""
+    return torch.ops.flare if request.param == "installed" else _PythonKernels
 
 
 def _page_table(gen: torch.Generator) -> torch.Tensor:
@@ -48,7 +66,7 @@ def _empty_cache():
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("seed", range(12))
-def test_C14_paged_attention_matches_dense_reference_on_ragged_rows(seed):
+def test_C14_paged_attention_matches_dense_reference_on_ragged_rows(seed, flare):
     gen, row_slots, query_lens, start = _ragged_case(seed)
     page_table = _page_table(gen)
     k_cache, v_cache = _empty_cache()
@@ -57,13 +75,13 @@ def test_C14_paged_attention_matches_dense_reference_on_ragged_rows(seed):
     seqs = [(torch.randn(e, KV_HEADS, DIM, generator=gen), torch.randn(e, KV_HEADS, DIM, generator=gen)) for e in ends]
     zeros = torch.zeros_like(start)
     for layer in range(LAYERS):
-        torch.ops.flare.write_kv(
+        flare.write_kv(
             k_cache, v_cache, layer, torch.cat([k for k, _ in seqs]), torch.cat([v for _, v in seqs]),
             page_table, row_slots, start + query_lens, zeros,
         )
     capacity = int(query_lens.sum()) + 3  # unused packed capacity at the end
     q = torch.randn(capacity, HEADS, DIM, generator=gen)
-    out = torch.ops.flare.paged_attention(
+    out = flare.paged_attention(
         q, k_cache, v_cache, 1, page_table, row_slots, query_lens, start, 1 / math.sqrt(DIM)
     )
     offset = 0
@@ -79,7 +97,7 @@ def test_C14_paged_attention_matches_dense_reference_on_ragged_rows(seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_C14_write_kv_touches_exactly_the_addressed_slots(seed):
+def test_C14_write_kv_touches_exactly_the_addressed_slots(seed, flare):
     gen, row_slots, query_lens, start = _ragged_case(seed)
     page_table = _page_table(gen)
     k_cache = torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen)
@@ -88,7 +106,7 @@ def test_C14_write_kv_touches_exactly_the_addressed_slots(seed):
     capacity = int(query_lens.sum()) + 5
     k = torch.randn(capacity, KV_HEADS, DIM, generator=gen)
     v = torch.randn(capacity, KV_HEADS, DIM, generator=gen)
-    torch.ops.flare.write_kv(k_cache, v_cache, 1, k, v, page_table, row_slots, query_lens, start)
+    flare.write_kv(k_cache, v_cache, 1, k, v, page_table, row_slots, query_lens, start)
 
     touched = torch.zeros(LAYERS, PAGES, PAGE, dtype=torch.bool)
     offset = 0
@@ -104,35 +122,35 @@ def test_C14_write_kv_touches_exactly_the_addressed_slots(seed):
     assert int(touched.sum()) == int(query_lens.sum())
 
 
-def test_C14_inactive_rows_write_nothing():
+def test_C14_inactive_rows_write_nothing(flare):
     k_cache, v_cache = _empty_cache()
     page_table = _page_table(torch.Generator().manual_seed(0))
     row_slots = torch.tensor([2, 2], dtype=torch.int32)  # padding rows may repeat a slot
     query_lens = torch.zeros(2, dtype=torch.int32)
     k = torch.ones(4, KV_HEADS, DIM)
-    torch.ops.flare.write_kv(k_cache, v_cache, 0, k, k, page_table, row_slots, query_lens, torch.zeros(2, dtype=torch.int32))
+    flare.write_kv(k_cache, v_cache, 0, k, k, page_table, row_slots, query_lens, torch.zeros(2, dtype=torch.int32))
     assert not k_cache.any() and not v_cache.any()
 
     pending, seq_lens = torch.arange(SLOTS), torch.arange(SLOTS, dtype=torch.int32)
-    torch.ops.flare.write_slot_state(
+    flare.write_slot_state(
         pending, seq_lens, torch.tensor([1, 3], dtype=torch.int32), torch.tensor([2, 0], dtype=torch.int32),
         torch.tensor([70, 90]), torch.tensor([7, 9], dtype=torch.int32),
     )
     assert pending.tolist() == [0, 70, 2, 3] and seq_lens.tolist() == [0, 7, 2, 3]
 
 
-def test_write_kv_rejects_context_beyond_the_slot_capacity():
+def test_write_kv_rejects_context_beyond_the_slot_capacity(flare):
     k_cache, v_cache = _empty_cache()
     page_table = _page_table(torch.Generator().manual_seed(0))
     k = torch.zeros(2, KV_HEADS, DIM)
     one = torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="exceeds the slot capacity"):
-        torch.ops.flare.write_kv(
+        flare.write_kv(
             k_cache, v_cache, 0, k, k, page_table, one, one * 2, one * (MAX_PAGES * PAGE - 1)
         )
 
 
-def test_S3_ops_refuse_a_block_the_slot_does_not_own():
+def test_S3_ops_refuse_a_block_the_slot_does_not_own(flare):
     """A frame that outran its reservation fails loudly instead of writing page 0 (another slot's)."""
     k_cache, v_cache = _empty_cache()
     page_table = _page_table(torch.Generator().manual_seed(0))
@@ -141,11 +159,11 @@ def test_S3_ops_refuse_a_block_the_slot_does_not_own():
     slot, two = torch.ones(1, dtype=torch.int32), torch.full((1,), 2, dtype=torch.int32)
     start = torch.full((1,), PAGE - 1, dtype=torch.int32)  # the second token falls in block 1
     with pytest.raises(ValueError, match="slot 1 has no page for block 1"):
-        torch.ops.flare.write_kv(k_cache, v_cache, 0, k, k, page_table, slot, two, start)
+        flare.write_kv(k_cache, v_cache, 0, k, k, page_table, slot, two, start)
     assert not k_cache.any()
     q = torch.ones(2, HEADS, DIM)
     with pytest.raises(ValueError, match="slot 1 has no page for block 1"):
-        torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, page_table, slot, two, start, 1.0)
+        flare.paged_attention(q, k_cache, v_cache, 0, page_table, slot, two, start, 1.0)
 
 
 def test_ops_pass_opcheck():
@@ -164,7 +182,7 @@ def test_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.flare.write_slot_state.default, (*state, row_slots, query_lens, *new))
 
 
-def test_paged_attention_reads_only_the_live_context():
+def test_paged_attention_reads_only_the_live_context(flare):
     """Work follows the real lengths: positions past each row's context are never read,
     so NaN there and garbage page ids past the used pages change nothing."""
     gen, row_slots, query_lens, start = _ragged_case(5)
@@ -173,7 +191,7 @@ def test_paged_attention_reads_only_the_live_context():
     v_cache = torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen)
     q = torch.randn(int(query_lens.sum()), HEADS, DIM, generator=gen)
     args = (row_slots, query_lens, start, 0.3)
-    want = torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, page_table, *args)
+    want = flare.paged_attention(q, k_cache, v_cache, 0, page_table, *args)
 
     live = torch.zeros(PAGES, PAGE, dtype=torch.bool)
     garbage_table = torch.full_like(page_table, 10**6)
@@ -184,12 +202,52 @@ def test_paged_attention_reads_only_the_live_context():
             live[page_table[slot, pos // PAGE], pos % PAGE] = True
     k_cache[:, ~live] = float("nan")
     v_cache[:, ~live] = float("nan")
-    got = torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, garbage_table, *args)
+    got = flare.paged_attention(q, k_cache, v_cache, 0, garbage_table, *args)
     assert torch.equal(got, want)  # the same op on the same live values: one path, so bitwise
 
 
-def test_active_rows_sharing_a_slot_are_rejected():
+def test_active_rows_sharing_a_slot_are_rejected(flare):
     pending, seq_lens = torch.zeros(SLOTS, dtype=torch.int64), torch.zeros(SLOTS, dtype=torch.int32)
     two = torch.ones(2, dtype=torch.int32)
     with pytest.raises(ValueError, match="share a slot"):
-        torch.ops.flare.write_slot_state(pending, seq_lens, two, two, torch.ones(2, dtype=torch.int64), two)
+        flare.write_slot_state(pending, seq_lens, two, two, torch.ones(2, dtype=torch.int64), two)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("seed", range(6))
+def test_installed_kernels_agree_with_the_python_references(seed):
+    """The native kernels compute what the Python ones do: writes bitwise, attention within its
+    three reductions' bound (the native kernel sums in its own order)."""
+    gen, row_slots, query_lens, start = _ragged_case(seed)
+    page_table = _page_table(gen)
+    caches = [torch.randn(LAYERS, PAGES, PAGE, KV_HEADS, DIM, generator=gen) for _ in range(2)]
+    tokens = int(query_lens.sum()) + 2
+    k, v = torch.randn(tokens, KV_HEADS, DIM, generator=gen), torch.randn(tokens, KV_HEADS, DIM, generator=gen)
+    q = torch.randn(tokens, HEADS, DIM, generator=gen)
+    meta = (page_table, row_slots, query_lens, start)
+    mine, theirs = [c.clone() for c in caches], [c.clone() for c in caches]
+    torch.ops.flare.write_kv(*mine, 1, k, v, *meta)
+    kv_cache.write_kv(*theirs, 1, k, v, *meta)
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    got = torch.ops.flare.paged_attention(q, *mine, 1, *meta, 0.3)
+    want = attention.paged_attention(q, *theirs, 1, *meta, 0.3)
+    context = int((start + query_lens).max())
+    assert_close_paths(got, want, chain_tolerance(torch.float32, [DIM, context, context]), "attention")
+
+
+def test_kernel_choice_is_reported_and_checked():
+    assert kernels.active() in ("native", "python")
+    assert kernels.install("python") == kernels.active()  # chosen once per process; later calls report it
+
+
+def test_native_kernels_that_cannot_be_built_are_one_clear_error(tmp_path, monkeypatch):
+    """A failing compiler or an unwritable cache raises NativeKernelsUnavailable (auto then falls back to
+    the Python kernels with a warning); nothing half-built is left where a later start would load it."""
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that fails at once
+    with pytest.raises(kernels.NativeKernelsUnavailable, match="failed.*build.log"):
+        kernels.native_library(cache=tmp_path)
+    assert not list(tmp_path.rglob(kernels.LIBRARY_NAME))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(kernels.NativeKernelsUnavailable, match="cannot build into"):
+        kernels.native_library(cache=blocker / "cache")

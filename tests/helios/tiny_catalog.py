@@ -25,7 +25,7 @@ PROGRAMS = ("prefill_p64", "prefill_p256", "decode_b1", "decode_b2", "decode_b4"
             "mixed_b2_w1_p64", "mixed_b2_w2_p256_spec")
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("ignition/models", "ignition/capture", "ignition/capacity", "ignition/recipes", "helios/ops",
-           "helios/catalog/load.py")
+           "helios/catalog/load.py", "tests/helios/tiny_catalog.py")  # the slice's own definition too
 
 
 def source_digest() -> str:
@@ -57,7 +57,8 @@ def tiny_catalog_path(base: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "catalog.yaml").is_file():
             recipe = load_recipe("flare-tiny").resolve()
-            plan = plan_capacity(recipe, CapacityOptions(mixed_prefill=True))
+            # The slice keeps the shapes it had with 4 slots (R = 8), whatever the bundled recipe declares now.
+            plan = plan_capacity(recipe, CapacityOptions(concurrency=4, speculative_token_capacity=8, mixed_prefill=True))
             graphs = tuple(g for g in plan.graphs if g.id in PROGRAMS)
             source = dataclasses.replace(model_source(recipe, plan), graphs=graphs)
             write_catalog(source, folder)

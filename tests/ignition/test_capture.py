@@ -401,3 +401,81 @@ def _compare(program_id: str, eager: dict, got: dict, initial: dict) -> dict[str
             continue
         diffs[name] = _relative(got["cache"][name], eager["state"][name][written])
     return diffs
+
+
+def test_compile_kinds_choose_which_programs_get_a_package(tmp_path, tokenizer, monkeypatch):
+    """Only programs of the compiled kinds are compiled; a catalog where none is says compile: none."""
+    from ignition.capture import export
+
+    compiled = []
+    monkeypatch.setattr(export.torch._inductor, "aoti_compile_and_package",
+                        lambda ep, package_path, inductor_configs: compiled.append(Path(package_path).name)
+                        or Path(package_path).write_bytes(b"package"))
+    root = write_catalog(stand_in_source(tokenizer), tmp_path / "c", compile="aoti", compile_kinds=("decode",)).path
+    manifest = load(root, trust=True).manifest
+    assert sorted(compiled) == ["decode_b1.aoti.pt2", "decode_b4.aoti.pt2"] and manifest.compile == "aoti"
+    assert {p.id: p.compiled_file for p in manifest.programs} == {
+        "prefill_p8": None, "decode_b1": "programs/decode_b1.aoti.pt2", "decode_b4": "programs/decode_b4.aoti.pt2"}
+    assert [p.id for p in manifest.programs] == ["prefill_p8", "decode_b1", "decode_b4"]  # plan order kept
+    none = write_catalog(stand_in_source(tokenizer), tmp_path / "n", compile="aoti", compile_kinds=("mixed",)).path
+    assert load(none).manifest.compile == "none" and len(compiled) == 2
+
+
+def test_a_recipe_asking_for_aoti_without_a_compiler_exports_only(monkeypatch):
+    from ignition.capture import pipeline
+    from ignition.recipes import load_recipe
+
+    recipe = load_recipe("flare-tiny")
+    monkeypatch.setattr(pipeline, "have_compiler", lambda: False)
+    choice = pipeline.compile_choice(pipeline.CaptureRequest("flare-tiny", Path("x")), recipe)
+    assert (choice.mode, choice.kinds) == ("none", ()) and "no C++ compiler" in choice.note
+    with pytest.raises(CaptureError, match=r"needs a C\+\+ compiler"):
+        pipeline.compile_choice(pipeline.CaptureRequest("flare-tiny", Path("x"), compile="aoti"), recipe)
+    monkeypatch.setattr(pipeline, "have_compiler", lambda: True)
+    choice = pipeline.compile_choice(pipeline.CaptureRequest("flare-tiny", Path("x"), compile_kinds=()), recipe)
+    assert (choice.mode, choice.kinds, choice.note) == ("aoti", (), None)  # --compile-kinds all
+    assert pipeline.compile_choice(pipeline.CaptureRequest("flare-tiny", Path("x"), compile="none"), recipe).mode == "none"
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+def test_C1_compiled_programs_equal_eager_greedy_and_seeded_and_repeat_exactly(catalog, tmp_path):
+    """A prompt chunk and a decode batch of the bundled model, compiled with capture's AOTInductor settings:
+    greedy rows and seeded sampling rows (the frame has both) give eager's tokens unless a decision was a
+    near-tie, floats and cache writes stay within the arithmetic's bound, and a second run on the same
+    inputs repeats every token and value bitwise (seeded sampling is reproducible)."""
+    from helios.catalog.load import CatalogProgram
+    from ignition.capture.export import AOTI_CONFIGS
+    from tiny_catalog import eager_programs
+
+    gen = torch.Generator().manual_seed(3)
+    job = _job(catalog, gen, ("prefill_p64", "decode_b4"))
+    program_for = eager_programs(catalog)
+    state_names = frozenset(t.name for t in catalog.state.tensors)
+    for program_id, frame in job["frames"].items():
+        entry = catalog.entry(program_id)
+        package = tmp_path / f"{program_id}.aoti.pt2"
+        exported = torch.export.load(catalog.path / entry.file)  # saved without example inputs; compile needs them
+        binder = CatalogProgram(entry, None, catalog.program_weights, state_names)
+        exported.example_inputs = (binder.bind({**frame, **job["state"]}), {})
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(package), inductor_configs=AOTI_CONFIGS)
+        compiled = CatalogProgram(entry, torch._inductor.aoti_load_package(str(package)), catalog.program_weights,
+                                  state_names)
+        runs = []
+        for _ in range(2):
+            state = {name: t.clone() for name, t in job["state"].items()}
+            runs.append({"outputs": compiled(**frame, **state), "state": state})
+        for name, value in runs[0]["outputs"].items():
+            assert torch.equal(runs[1]["outputs"][name], value), f"{program_id}: {name} not reproducible"
+        assert all(torch.equal(runs[1]["state"][n], t) for n, t in runs[0]["state"].items())
+        with recorded_decisions() as decisions:
+            eager = _eager(program_for(program_id), frame, job["state"])
+        tolerance = _program_tolerance(entry.descriptor, catalog.state.layout)
+        got = runs[0]
+        cache = {n: got["state"][n][job["state"][n] != got["state"][n]] for n in ("k_cache", "v_cache")}
+        got = {**got, "writes": {n: got["state"][n] for n in ("pending", "seq_lens")}, "cache": cache,
+               "cache_where": {n: (job["state"][n] != runs[0]["state"][n]).nonzero() for n in cache}}
+        if assert_tokens_match(got["outputs"]["tokens"], eager["outputs"]["tokens"], decisions, tolerance, program_id):
+            continue
+        diffs = _compare(program_id, eager, got, job["state"])
+        assert max(diffs.values(), default=0.0) <= tolerance, f"{program_id}: compiled differs from eager: {diffs}"

@@ -150,3 +150,8 @@ def test_capture_refuses_an_unknown_compile_mode(tmp_path):
 def test_capture_refuses_zero_jobs(tmp_path):
     assert_one_line_error(invoke("capture", "flare-tiny", "--out", tmp_path / "c", "--jobs", "0"), "--jobs must be >= 1")
     assert not (tmp_path / "c").exists()
+
+
+def test_capture_refuses_an_unknown_compile_kind(tmp_path):
+    assert_one_line_error(invoke("capture", "flare-tiny", "--out", tmp_path / "c", "--compile-kinds", "decode,vision"),
+                          "vision", "prefill")

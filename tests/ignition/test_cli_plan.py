@@ -79,7 +79,7 @@ def test_plan_json_document():
         assert SHAPE_KEYS <= set(shape)
         assert shape["kind"] in {k.value for k in GraphKind}
         assert shape["value_source"] in (None, "query_length", "prefix_limit")
-    assert doc["envelope"]["request_slots"] == 4 and doc["envelope"]["mixed"] is False
+    assert doc["envelope"]["request_slots"] == 16 and doc["envelope"]["mixed"] is False
     assert doc["max_packed_tokens"] == 4096
 
 

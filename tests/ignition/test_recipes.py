@@ -68,7 +68,8 @@ def test_recipes_are_frozen_and_loaded_once(tmp_path):
 def test_flare_tiny_declares_the_issue_defaults():
     recipe = load_recipe("flare-tiny")
     cap = recipe.capacity
-    assert (cap.concurrency, cap.prompt_buckets, cap.drafts) == (4, (64, 256, 1024, 4096), 3)
+    assert (cap.concurrency, cap.prompt_buckets, cap.drafts) == (16, (64, 256, 1024, 4096), 3)  # issue 22: 16 streams
+    assert (recipe.compile.mode, recipe.compile.kinds) == ("aoti", ("prefill", "decode"))
     assert set(cap.proposal_sources) == {"learned", "copy"}
     assert recipe.dtype == "float32" and recipe.dims.context_length >= 4096
     assert recipe.draft is not None and recipe.draft.dimensions.vocab_size == recipe.dims.vocab_size
@@ -114,7 +115,9 @@ def test_missing_recipe_file_says_so(tmp_path):
         (lambda d: d["capacity"].update(prompt_buckets=[]), "capacity.prompt_buckets", "empty"),
         (lambda d: d["capacity"].update(prompt_buckets=[64, 8192]), "capacity.prompt_buckets", "context of 4096"),
         (lambda d: d["capacity"].update(request_buckets=[1, 3]), "capacity.request_buckets", "power of two"),
-        (lambda d: d["capacity"].update(request_buckets=[1, 8]), "capacity.request_buckets", "padded concurrency"),
+        (lambda d: d["capacity"].update(request_buckets=[1, 32]), "capacity.request_buckets", "padded concurrency"),
+        (lambda d: d.update(compile={"mode": "jit"}), "compile.mode", "none, aoti"),
+        (lambda d: d.update(compile={"mode": "aoti", "kinds": ["vision"]}), "compile.kinds", "prefill, scored_prefill"),
         (lambda d: d["capacity"].update(proposal_sources=["oracle"]), "capacity.proposal_sources", "learned, copy"),
         (lambda d: d["capacity"].update(drafts=8), "capacity.drafts", "completion_token_capacity"),
         (lambda d: d.pop("draft"), "draft", "'learned'"),

@@ -173,3 +173,17 @@ def test_two_servers_starting_at_once_capture_the_bundled_catalog_once(tmp_path,
         folders = list(pool.map(lambda _: launch.bundled_catalog(tmp_path), range(2)))
     assert len(captures) == 1 and folders[0] == folders[1] == captures[0]
     assert folders[0].name.startswith("flare-tiny-")
+
+
+def test_only_the_bundled_catalog_is_trusted_without_the_flag(tmp_path, monkeypatch):
+    """flare run trusts the catalog it captured itself into its cache (compiled programs are native
+    code); a catalog named on the command line needs --trust-catalog."""
+    trusted = []
+    monkeypatch.setattr(launch, "bundled_catalog", lambda: tmp_path / "bundled")
+    monkeypatch.setattr(launch, "_load", lambda folder, trust: trusted.append((folder.name, trust)) or object())
+    monkeypatch.setattr(launch, "check_servable", lambda catalog: None)
+    monkeypatch.setattr(launch.RunOptions, "check_selection", lambda self, catalog: None)
+    for options in (launch.RunOptions(), launch.RunOptions(catalog=tmp_path / "named"),
+                    launch.RunOptions(catalog=tmp_path / "named", trust_catalog=True)):
+        launch.open_catalog(options)
+    assert trusted == [("bundled", True), ("named", False), ("named", True)]

@@ -1,0 +1,259 @@
+// Native CPU kernels of the flare:: ops (helios/ops/native.py builds and loads this file).
+//
+// Same semantics and error messages as the Python reference kernels in
+// helios/ops/{kv_cache,attention,slot_state}.py: work follows each row's real
+// length, inactive rows (query_lens 0) touch nothing, a page the slot does not
+// own is refused. The schemas are defined in Python (helios/ops/schema.py);
+// this file only registers CPU implementations, so a program calls the same
+// op whichever kernel serves it, and nothing here re-enters Python.
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kNoPage = -1;
+
+// A small integer tensor (row metadata, page table rows) read as int64 values.
+std::vector<int64_t> ints(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  std::vector<int64_t> out(c.numel());
+  switch (c.scalar_type()) {
+    case at::kInt: {
+      const int32_t* p = c.data_ptr<int32_t>();
+      std::copy(p, p + c.numel(), out.begin());
+      break;
+    }
+    case at::kLong: {
+      const int64_t* p = c.data_ptr<int64_t>();
+      std::copy(p, p + c.numel(), out.begin());
+      break;
+    }
+    default:
+      TORCH_CHECK_VALUE(false, "flare ops take int32 or int64 row metadata, got ", c.scalar_type());
+  }
+  return out;
+}
+
+std::string list_text(const std::vector<int64_t>& values) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < values.size(); ++i) s << (i ? ", " : "") << values[i];
+  s << "]";
+  return s.str();
+}
+
+struct Row {
+  int64_t row, slot, offset, length, start;
+  int64_t end() const { return start + length; }
+};
+
+std::vector<Row> active_rows(const at::Tensor& row_slots, const at::Tensor& query_lens, const at::Tensor& start_pos) {
+  auto slots = ints(row_slots), lens = ints(query_lens), starts = ints(start_pos);
+  TORCH_CHECK_VALUE(slots.size() == lens.size() && lens.size() == starts.size(),
+                    "row_slots, query_lens and start_pos must have one entry per row");
+  std::vector<Row> rows;
+  int64_t offset = 0;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    TORCH_CHECK_VALUE(lens[b] >= 0, "query_lens[", b, "] = ", lens[b], ": query lengths must be >= 0");
+    if (lens[b]) rows.push_back(Row{static_cast<int64_t>(b), slots[b], offset, lens[b], starts[b]});
+    offset += lens[b];
+  }
+  return rows;
+}
+
+// The page table, read once per op call.
+struct PageTable {
+  std::vector<int64_t> entries;
+  int64_t slots, max_pages;
+  explicit PageTable(const at::Tensor& t) : entries(ints(t)), slots(t.size(0)), max_pages(t.size(1)) {}
+};
+
+// Physical page of every block a row addresses, checked like helios.ops.layout.slot_positions:
+// positions first..stop-1 must fit the slot and lie in pages the slot owns.
+const int64_t* row_pages(const PageTable& table, int64_t page_size, int64_t num_pages, const Row& row, int64_t first,
+                         int64_t stop) {
+  TORCH_CHECK_VALUE(0 <= row.slot && row.slot < table.slots, "row ", row.row, ": slot ", row.slot,
+                    " outside the page table's ", table.slots, " slots");
+  TORCH_CHECK_VALUE(stop <= table.max_pages * page_size, "row ", row.row, ": context ", stop,
+                    " exceeds the slot capacity ", table.max_pages, " pages x ", page_size, " tokens");
+  const int64_t* pages = table.entries.data() + row.slot * table.max_pages;
+  for (int64_t block = first / page_size; block < (stop + page_size - 1) / page_size; ++block) {
+    TORCH_CHECK_VALUE(pages[block] >= 0, "row ", row.row, ": slot ", row.slot, " has no page for block ", block,
+                      " (positions ", first, "..", stop - 1,
+                      "); the host must reserve every page a frame writes or reads before submitting it");
+    TORCH_CHECK_INDEX(pages[block] < num_pages, "row ", row.row, ": page ", pages[block], " outside the cache's ",
+                      num_pages, " pages");
+  }
+  return pages;
+}
+
+void check_cache(const at::Tensor& cache, const char* name) {
+  TORCH_CHECK_VALUE(cache.dim() == 5, name, " must be [layers, num_pages, page_size, kv_heads, head_dim]");
+  TORCH_CHECK_VALUE(cache.is_contiguous(), name, " must be contiguous");
+}
+
+template <typename T>
+void write_rows(at::Tensor& cache, int64_t layer, const at::Tensor& src, const PageTable& page_table,
+                const std::vector<Row>& rows) {
+  const int64_t page_size = cache.size(2), num_pages = cache.size(1);
+  const int64_t token = cache.size(3) * cache.size(4);  // values per cached token
+  T* base = cache.data_ptr<T>() + layer * num_pages * page_size * token;
+  const T* from = src.data_ptr<T>();
+  for (const Row& row : rows) {
+    const int64_t* pages = row_pages(page_table, page_size, num_pages, row, row.start, row.end());
+    for (int64_t i = 0; i < row.length; ++i) {
+      const int64_t pos = row.start + i;
+      T* to = base + (pages[pos / page_size] * page_size + pos % page_size) * token;
+      std::copy(from + (row.offset + i) * token, from + (row.offset + i + 1) * token, to);
+    }
+  }
+}
+
+void write_kv(at::Tensor k_cache, at::Tensor v_cache, int64_t layer, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& page_table, const at::Tensor& row_slots, const at::Tensor& query_lens,
+              const at::Tensor& start_pos) {
+  check_cache(k_cache, "k_cache");
+  check_cache(v_cache, "v_cache");
+  TORCH_CHECK_VALUE(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
+                    "write_kv: new keys/values are ", k.scalar_type(), "/", v.scalar_type(), ", the caches ",
+                    k_cache.scalar_type(), "/", v_cache.scalar_type());
+  TORCH_CHECK_INDEX(0 <= layer && layer < k_cache.size(0), "layer ", layer, " outside the cache's ", k_cache.size(0));
+  auto rows = active_rows(row_slots, query_lens, start_pos);
+  const PageTable table(page_table);
+  at::Tensor kc = k.contiguous(), vc = v.contiguous();
+  for (const Row& row : rows)  // validate every row before writing any
+    row_pages(table, k_cache.size(2), k_cache.size(1), row, row.start, row.end());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k_cache.scalar_type(), "flare::write_kv", [&] {
+    write_rows<scalar_t>(k_cache, layer, kc, table, rows);
+    write_rows<scalar_t>(v_cache, layer, vc, table, rows);
+  });
+}
+
+// Dot product with 16 independent lanes: the compiler vectorizes it without reassociating one sum.
+template <typename T>
+inline float dot(const T* a, const T* b, int64_t n) {
+  float lanes[16] = {0};
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] += static_cast<float>(a[d + l]) * static_cast<float>(b[d + l]);
+  float sum = 0;
+  for (; d < n; ++d) sum += static_cast<float>(a[d]) * static_cast<float>(b[d]);
+  for (int l = 0; l < 16; ++l) sum += lanes[l];
+  return sum;
+}
+
+// One row: each query attends causally over the row's committed context plus the row's tokens up to itself.
+// A KV head serves its group of query heads, so each cached key and value is read once per query.
+template <typename T>
+void attend_row(const T* q, T* out, const T* k_layer, const T* v_layer, const int64_t* pages,
+                const Row& row, int64_t heads, int64_t kv_heads, int64_t dim, int64_t page_size, float scale) {
+  const int64_t group = heads / kv_heads, token = kv_heads * dim;
+  std::vector<float> scores(group * row.end()), acc(group * dim);
+  for (int64_t i = 0; i < row.length; ++i) {
+    const int64_t context = row.start + i + 1;
+    const T* qi = q + (row.offset + i) * heads * dim;
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      for (int64_t j = 0; j < context; ++j) {
+        const int64_t at = (pages[j / page_size] * page_size + j % page_size) * token + g * dim;
+        for (int64_t h = 0; h < group; ++h) scores[h * context + j] = dot(qi + (g * group + h) * dim, k_layer + at, dim) * scale;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::vector<float> total(group);
+      for (int64_t h = 0; h < group; ++h) {
+        float* s = scores.data() + h * context;
+        const float top = *std::max_element(s, s + context);
+        float sum = 0;
+        for (int64_t j = 0; j < context; ++j) sum += (s[j] = std::exp(s[j] - top));
+        total[h] = sum;
+      }
+      for (int64_t j = 0; j < context; ++j) {
+        const T* vj = v_layer + (pages[j / page_size] * page_size + j % page_size) * token + g * dim;
+        for (int64_t h = 0; h < group; ++h) {
+          const float p = scores[h * context + j];
+          float* a = acc.data() + h * dim;
+          for (int64_t d = 0; d < dim; ++d) a[d] += p * static_cast<float>(vj[d]);
+        }
+      }
+      for (int64_t h = 0; h < group; ++h) {
+        T* o = out + (row.offset + i) * heads * dim + (g * group + h) * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[h * dim + d] / total[h]);
+      }
+    }
+  }
+}
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t layer,
+                           const at::Tensor& page_table, const at::Tensor& row_slots, const at::Tensor& query_lens,
+                           const at::Tensor& start_pos, double scale) {
+  check_cache(k_cache, "k_cache");
+  check_cache(v_cache, "v_cache");
+  TORCH_CHECK_VALUE(q.dim() == 3, "q must be [tokens, heads, head_dim]");
+  TORCH_CHECK_VALUE(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
+                    "paged_attention: q, k_cache and v_cache must share a dtype");
+  TORCH_CHECK_INDEX(0 <= layer && layer < k_cache.size(0), "layer ", layer, " outside the cache's ", k_cache.size(0));
+  const int64_t heads = q.size(1), dim = q.size(2), kv_heads = k_cache.size(3), page_size = k_cache.size(2);
+  TORCH_CHECK_VALUE(heads % kv_heads == 0 && k_cache.size(4) == dim, "paged_attention: q heads/dim do not fit the cache");
+  at::Tensor qc = q.contiguous();
+  at::Tensor out = at::zeros_like(qc);
+  auto rows = active_rows(row_slots, query_lens, start_pos);
+  const PageTable table(page_table);
+  std::vector<const int64_t*> pages;
+  for (const Row& row : rows) pages.push_back(row_pages(table, page_size, k_cache.size(1), row, 0, row.end()));
+  const int64_t layer_size = k_cache.size(1) * page_size * kv_heads * dim;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "flare::paged_attention", [&] {
+    const scalar_t* kl = k_cache.data_ptr<scalar_t>() + layer * layer_size;
+    const scalar_t* vl = v_cache.data_ptr<scalar_t>() + layer * layer_size;
+    for (size_t r = 0; r < rows.size(); ++r)
+      attend_row<scalar_t>(qc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), kl, vl, pages[r], rows[r], heads,
+                           kv_heads, dim, page_size, static_cast<float>(scale));
+  });
+  return out;
+}
+
+void write_slot_state(at::Tensor pending, at::Tensor seq_lens, const at::Tensor& row_slots,
+                      const at::Tensor& query_lens, const at::Tensor& new_pending, const at::Tensor& new_seq_lens) {
+  auto slots = ints(row_slots), lens = ints(query_lens), tokens = ints(new_pending), counts = ints(new_seq_lens);
+  std::vector<int64_t> active, values, lengths;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    if (lens[b] > 0) {
+      active.push_back(slots[b]);
+      values.push_back(tokens[b]);
+      lengths.push_back(counts[b]);
+    }
+  }
+  const int64_t num_slots = pending.size(0);
+  for (int64_t s : active)
+    TORCH_CHECK_VALUE(0 <= s && s < num_slots, "row_slots ", list_text(active), " outside 0..", num_slots - 1);
+  std::vector<int64_t> sorted = active;
+  std::sort(sorted.begin(), sorted.end());
+  TORCH_CHECK_VALUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), "active rows share a slot (",
+                    list_text(active), "): each slot appears in at most one active row");
+  TORCH_CHECK_VALUE(pending.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kInt && pending.dim() == 1 &&
+                        seq_lens.dim() == 1,
+                    "write_slot_state: pending must be int64 [slots] and seq_lens int32 [slots]");
+  int64_t* p = pending.data_ptr<int64_t>();
+  int32_t* n = seq_lens.data_ptr<int32_t>();
+  for (size_t i = 0; i < active.size(); ++i) {
+    p[active[i] * pending.stride(0)] = values[i];
+    n[active[i] * seq_lens.stride(0)] = static_cast<int32_t>(lengths[i]);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(flare, CPU, m) {
+  m.impl("write_kv", &write_kv);
+  m.impl("paged_attention", &paged_attention);
+  m.impl("write_slot_state", &write_slot_state);
+}

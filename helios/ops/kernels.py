@@ -1,0 +1,166 @@
+"""Which CPU kernels serve the ``flare::`` ops: native C++ (built once per machine) or the Python references.
+
+The Python kernels are plain torch code that runs on any installation, at a
+few dozen aten calls per row through Python. The native kernels
+(``csrc/flare_ops.cpp``) do the same work in one C++ call per op, and never
+take the GIL, so an AOTInductor-compiled program that calls them runs with
+no Python at all. They are compiled here with the machine's C++ compiler the
+first time a process needs them, into
+``$XDG_CACHE_HOME/flare/ops/<digest>/`` (the digest covers the source, torch's
+release, the compiler command and the CPU), and loaded from there afterwards.
+
+``FLARE_OPS_KERNELS`` chooses: ``auto`` (the default: native when a compiler
+builds them, else Python with one warning), ``native`` (fail when they cannot
+be built) or ``python``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from helios.ops import attention, kv_cache, slot_state
+
+ENV = "FLARE_OPS_KERNELS"
+CHOICES = ("auto", "native", "python")
+SOURCE = Path(__file__).with_name("csrc") / "flare_ops.cpp"
+LIBRARY_NAME = "libflare_ops.so"
+
+_PYTHON_KERNELS = {
+    "write_kv": kv_cache.write_kv,
+    "paged_attention": attention.paged_attention,
+    "write_slot_state": slot_state.write_slot_state,
+}
+# ops with no native kernel yet: the Python one serves under either choice
+_PYTHON_ONLY = {"write_token_history": slot_state.write_token_history}
+
+
+class NativeKernelsUnavailable(RuntimeError):
+    """The native kernels could not be built or loaded; the message says why in one line."""
+
+
+class _Installed:
+    kind: str | None = None  # "native" or "python" once chosen
+    python_library: torch.library.Library | None = None
+
+
+def active() -> str:
+    """``native`` or ``python``: the kernels this process installed (chosen on first import of helios.ops)."""
+    if _Installed.kind is None:
+        install()
+    return _Installed.kind  # type: ignore[return-value]
+
+
+def install(choice: str | None = None) -> str:
+    """Install the CPU kernels once per process, as ``FLARE_OPS_KERNELS`` (or ``choice``) says."""
+    if _Installed.kind is not None:
+        return _Installed.kind
+    choice = (choice or os.environ.get(ENV) or "auto").strip().lower()
+    if choice not in CHOICES:
+        raise NativeKernelsUnavailable(f"{ENV}={choice!r} is not one of {', '.join(CHOICES)}")
+    if choice != "python":
+        try:
+            _load(native_library())
+            _install_python(_PYTHON_ONLY)
+            _Installed.kind = "native"
+            return "native"
+        except NativeKernelsUnavailable as exc:
+            if choice == "native":
+                raise
+            warnings.warn(f"flare ops: using the Python kernels ({exc})", RuntimeWarning, stacklevel=2)
+    _install_python({**_PYTHON_KERNELS, **_PYTHON_ONLY})
+    _Installed.kind = "python"
+    return "python"
+
+
+def _load(library: Path) -> None:
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as exc:
+        raise NativeKernelsUnavailable(f"cannot load {library}: {exc}") from None
+
+
+def _install_python(kernels: dict) -> None:
+    library = torch.library.Library("flare", "IMPL")
+    for name, kernel in kernels.items():
+        library.impl(name, kernel, "CPU")
+    _Installed.python_library = library
+
+
+def native_library(cache: Path | None = None) -> Path:
+    """The built native library for this machine, compiling it first if the cache lacks it."""
+    command = _compile_command()
+    folder = (cache or _cache_root()) / _digest(command)
+    library = folder / LIBRARY_NAME
+    if library.is_file():
+        return library
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _build(command, folder, library)
+    except OSError as exc:  # a read-only or full cache folder
+        raise NativeKernelsUnavailable(f"cannot build into {folder}: {exc}") from None
+    return library
+
+
+def _build(command: list[str], folder: Path, library: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        partial = Path(scratch) / LIBRARY_NAME
+        try:
+            done = subprocess.run([*command, "-o", str(partial)], capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise NativeKernelsUnavailable("the C++ compiler ran for more than 600 s") from None
+        if done.returncode != 0:
+            (folder / "build.log").write_text(done.stdout + done.stderr)
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise NativeKernelsUnavailable(f"compiling {SOURCE.name} failed ({last[:200]}); log: {folder / 'build.log'}")
+        os.replace(partial, library)  # atomic: a concurrent build of the same digest just replaces it
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        raise NativeKernelsUnavailable("no C++ compiler (set CXX, or install c++/g++)")
+    return compiler
+
+
+def _compile_command() -> list[str]:
+    torch_dir = Path(torch.__file__).parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        _compiler(), str(SOURCE), "-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{torch_dir / 'include'}",
+        f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+    ]
+
+
+def _digest(command: list[str]) -> str:
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), " ".join(command).encode(),
+                 platform.machine().encode(), _cpu_flags().encode(), sys.platform.encode()):
+        h.update(part + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (``-march=native`` code is built for them)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "flare" / "ops"

@@ -1,0 +1,48 @@
+"""The ``flare::`` op schemas and their fake (shape-only) kernels, defined once.
+
+The CPU implementation is chosen separately (``helios.ops.kernels``): the
+native kernels of ``helios/ops/csrc/flare_ops.cpp`` or the Python reference
+kernels of ``attention``, ``kv_cache`` and ``slot_state``. A program calls the
+op by name, so an exported or compiled program runs on whichever is installed.
+The schemas are what ``torch.library.custom_op`` produced for the Python
+kernels before (catalogs captured then still resolve).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SCHEMAS = {
+    "write_kv": "write_kv(Tensor(a0!) k_cache, Tensor(a1!) v_cache, SymInt layer, Tensor k, Tensor v, "
+                "Tensor page_table, Tensor row_slots, Tensor query_lens, Tensor start_pos) -> ()",
+    "paged_attention": "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, SymInt layer, Tensor page_table, "
+                       "Tensor row_slots, Tensor query_lens, Tensor start_pos, float scale) -> Tensor",
+    "write_slot_state": "write_slot_state(Tensor(a0!) pending, Tensor(a1!) seq_lens, Tensor row_slots, "
+                        "Tensor query_lens, Tensor new_pending, Tensor new_seq_lens) -> ()",
+    "write_token_history": "write_token_history(Tensor(a0!) token_counts, Tensor(a1!) prompt_seen, Tensor row_slots, "
+                           "Tensor query_lens, Tensor new_counts, Tensor new_seen) -> ()",
+}
+
+_LIBRARY = torch.library.Library("flare", "DEF")  # kept alive for the process: dropping it removes the ops
+for _schema in SCHEMAS.values():
+    _LIBRARY.define(_schema)
+
+
+@torch.library.register_fake("flare::write_kv", lib=_LIBRARY)
+def _(k_cache, v_cache, layer, k, v, page_table, row_slots, query_lens, start_pos) -> None:
+    return None
+
+
+@torch.library.register_fake("flare::paged_attention", lib=_LIBRARY)
+def _(q, k_cache, v_cache, layer, page_table, row_slots, query_lens, start_pos, scale):
+    return torch.empty_like(q)
+
+
+@torch.library.register_fake("flare::write_slot_state", lib=_LIBRARY)
+def _(pending, seq_lens, row_slots, query_lens, new_pending, new_seq_lens) -> None:
+    return None
+
+
+@torch.library.register_fake("flare::write_token_history", lib=_LIBRARY)
+def _(token_counts, prompt_seen, row_slots, query_lens, new_counts, new_seen) -> None:
+    return None
