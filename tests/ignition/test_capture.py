@@ -217,12 +217,17 @@ def _full_default_catalog(folder: Path) -> Path:
     return write_catalog(source, folder).path
 
 
+def _rows(pattern: tuple, count: int) -> list:
+    """``pattern`` repeated to ``count`` rows (programs of any batch capacity get varied rows)."""
+    return [pattern[i % len(pattern)] for i in range(count)]
+
+
 def _frame(entry, state_spec, seq_lens, gen) -> dict[str, torch.Tensor]:
     """Inputs for one program: live rows in shuffled slots, the last row inactive, partial prompts."""
     d = entry.descriptor
     layout = state_spec.layout
-    slots = torch.tensor([s for s in (2, 0, 3, 1) if s < layout["request_slots"]][: d.batch_capacity],
-                         dtype=torch.int32)
+    order = [s for s in (2, 0, 3, 1) if s < layout["request_slots"]] + list(range(4, layout["request_slots"]))
+    slots = torch.tensor(order[: d.batch_capacity], dtype=torch.int32)
     is_prompt_kind = d.kind.value in ("prefill", "scored_prefill")
     prompt_len = min(d.prefill_capacity, 37)
     lens = [prompt_len] if is_prompt_kind else [d.width] * d.batch_capacity
@@ -239,10 +244,10 @@ def _frame(entry, state_spec, seq_lens, gen) -> dict[str, torch.Tensor]:
         "page_table": torch.arange(layout["request_slots"] * pages, dtype=torch.int32).view(-1, pages).flip(0),
         "row_slots": slots,
         "query_lens": torch.tensor(lens, dtype=torch.int32),
-        "temperature": torch.tensor([0.0, 0.8, 0.0, 1.1][: d.batch_capacity]),
-        "top_k": torch.tensor([0, 40, 0, 0][: d.batch_capacity], dtype=torch.int32),
-        "top_p": torch.tensor([1.0, 0.9, 1.0, 0.95][: d.batch_capacity]),
-        "seed": torch.tensor([11, 22, 33, 44][: d.batch_capacity], dtype=torch.int64),
+        "temperature": torch.tensor(_rows((0.0, 0.8, 0.0, 1.1), d.batch_capacity)),
+        "top_k": torch.tensor(_rows((0, 40, 0, 0), d.batch_capacity), dtype=torch.int32),
+        "top_p": torch.tensor(_rows((1.0, 0.9, 1.0, 0.95), d.batch_capacity)),
+        "seed": torch.tensor(_rows((11, 22, 33, 44), d.batch_capacity), dtype=torch.int64),
         "prefill_row": torch.tensor([0], dtype=torch.int32),
         "prompt_tokens": torch.randint(0, vocab, (max(d.prefill_capacity, 1),), generator=gen),
         "prompt_start": seq_lens[slots[:1].long()].int(),
@@ -250,10 +255,10 @@ def _frame(entry, state_spec, seq_lens, gen) -> dict[str, torch.Tensor]:
         "next_prompt_token": torch.randint(0, vocab, (1,), generator=gen),
         "draft_tokens": torch.randint(0, vocab, (d.batch_capacity, max(d.width - 1, 0)), generator=gen),
         # the sampling controls, active: min-p, penalties over the history, bias rows (some only before a position)
-        "min_p": torch.tensor([0.0, 0.05, 0.0, 0.1][: d.batch_capacity]),
-        "repetition_penalty": torch.tensor([1.3, 1.0, 0.8, 1.1][: d.batch_capacity]),
-        "presence_penalty": torch.tensor([0.5, 0.0, -0.5, 1.0][: d.batch_capacity]),
-        "frequency_penalty": torch.tensor([0.2, 0.4, 0.0, 0.0][: d.batch_capacity]),
+        "min_p": torch.tensor(_rows((0.0, 0.05, 0.0, 0.1), d.batch_capacity)),
+        "repetition_penalty": torch.tensor(_rows((1.3, 1.0, 0.8, 1.1), d.batch_capacity)),
+        "presence_penalty": torch.tensor(_rows((0.5, 0.0, -0.5, 1.0), d.batch_capacity)),
+        "frequency_penalty": torch.tensor(_rows((0.2, 0.4, 0.0, 0.0), d.batch_capacity)),
         "bias_ids": torch.randint(0, vocab, (d.batch_capacity, BIAS_CAPACITY), generator=gen),
         "bias_values": torch.randn(d.batch_capacity, BIAS_CAPACITY, generator=gen) * 5,
         "bias_until": torch.randint(0, 200, (d.batch_capacity, BIAS_CAPACITY), generator=gen).int(),
@@ -275,8 +280,8 @@ def _job(catalog, gen, only: tuple[str, ...] | None) -> dict:
     state["k_cache"].normal_(generator=gen)
     state["v_cache"].normal_(generator=gen)
     slots = catalog.state.layout["request_slots"]
-    state["pending"].copy_(torch.tensor([17, 101, 250, 3][:slots]))
-    state["seq_lens"].copy_(torch.tensor([41, 0, 130, 9][:slots], dtype=torch.int32))
+    state["pending"].copy_(torch.tensor([(17, 101, 250, 3)[i % 4] for i in range(slots)]))  # any slot count
+    state["seq_lens"].copy_(torch.tensor([(41, 0, 130, 9)[i % 4] for i in range(slots)], dtype=torch.int32))
     state["token_counts"].copy_(torch.randint(0, 3, state["token_counts"].shape, generator=gen, dtype=torch.int32))
     state["prompt_seen"].copy_(torch.rand(state["prompt_seen"].shape, generator=gen) < 0.2)
     frames = {p.id: _frame(p, catalog.state, state["seq_lens"], gen) for p in catalog.manifest.programs
