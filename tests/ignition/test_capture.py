@@ -478,7 +478,8 @@ def test_C1_compiled_programs_equal_eager_greedy_and_seeded_and_repeat_exactly(c
         tolerance = _program_tolerance(entry.descriptor, catalog.state.layout)
         got = runs[0]
         cache = {n: got["state"][n][job["state"][n] != got["state"][n]] for n in ("k_cache", "v_cache")}
-        got = {**got, "writes": {n: got["state"][n] for n in ("pending", "seq_lens")}, "cache": cache,
+        got = {**got, "writes": {n: got["state"][n] for n in ("pending", "seq_lens", "token_counts", "prompt_seen")},
+               "cache": cache,
                "cache_where": {n: (job["state"][n] != runs[0]["state"][n]).nonzero() for n in cache}}
         if assert_tokens_match(got["outputs"]["tokens"], eager["outputs"]["tokens"], decisions, tolerance, program_id):
             continue
