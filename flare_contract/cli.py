@@ -22,6 +22,11 @@ except ImportError:  # older typer runs on click itself
 EXIT_BAD_INPUT = 2
 
 
+class BadInput(Exception):
+    """Bad input found outside the argument parser (an environment variable, say): ``run_app`` prints its
+    message as one line and exits 2, as for a usage error."""
+
+
 def run_app(app: Any, prog_name: str, args: list[str] | None = None) -> None:
     """Run ``app`` (a ``typer.Typer``) as ``prog_name`` on ``args`` (default: the command line); exit with its code."""
     try:
@@ -32,6 +37,9 @@ def run_app(app: Any, prog_name: str, args: list[str] | None = None) -> None:
     except UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         print(f"error: {' '.join(exc.format_message().split())}{hint}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    except BadInput as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except ClickException as exc:  # a file option that cannot be opened, and the like
         print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)

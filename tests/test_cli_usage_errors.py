@@ -39,3 +39,17 @@ def test_help_still_prints_and_exits_0(capsys):
     with pytest.raises(SystemExit) as exited:
         run_app(ignition_app, "ignition", ["plan", "--help"])
     assert exited.value.code == 0 and "Usage" in capsys.readouterr().out
+
+
+def test_a_bad_kernel_choice_in_the_environment_is_one_line_and_exit_2():
+    """``FLARE_OPS_KERNELS`` is read when helios.ops is first imported (a fresh process here): a value
+    that names no choice is bad input like a bad flag, not a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "helios.cli", "run", "/nonexistent"], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "FLARE_OPS_KERNELS": "bogus"})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert lines == ["error: FLARE_OPS_KERNELS='bogus' is not one of auto, native, python"]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from flare_contract.cli import BadInput
 from helios.ops import attention, kv_cache, slot_state
 
 ENV = "FLARE_OPS_KERNELS"
@@ -48,6 +49,10 @@ class NativeKernelsUnavailable(RuntimeError):
     """The native kernels could not be built or loaded; the message says why in one line."""
 
 
+class KernelChoiceError(NativeKernelsUnavailable, BadInput):
+    """``FLARE_OPS_KERNELS`` names no kernel choice: bad input, one line and exit 2 from either CLI."""
+
+
 class _Installed:
     kind: str | None = None  # "native" or "python" once chosen
     python_library: torch.library.Library | None = None
@@ -66,7 +71,7 @@ def install(choice: str | None = None) -> str:
         return _Installed.kind
     choice = (choice or os.environ.get(ENV) or "auto").strip().lower()
     if choice not in CHOICES:
-        raise NativeKernelsUnavailable(f"{ENV}={choice!r} is not one of {', '.join(CHOICES)}")
+        raise KernelChoiceError(f"{ENV}={choice!r} is not one of {', '.join(CHOICES)}")
     if choice != "python":
         try:
             _load(native_library())
