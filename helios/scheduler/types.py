@@ -33,6 +33,8 @@ class SelectionReason(str, Enum):
 class LanePhase(str, Enum):
     PROMPT = "prompt"  # consumes uncached prompt tokens
     DECODE = "decode"  # produces output tokens (ordinary or speculative)
+    RESTORE = "restore"  # binds a retained checkpoint row to this request (prerequisite, P1)
+    SNAPSHOT = "snapshot"  # copies this request's committed state into a checkpoint row (K1-K3, P6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,10 @@ class AdmitRequest:
     endpoints: tuple[int, ...] = ()  # message/system boundaries inside the prompt
     proposal_sources: tuple[str, ...] = ()  # "learned", "copy": speculation allowed
     greedy: bool = True
+    # State operations (issue 21; docs/checkpoints.md "Interface"):
+    restore_row: int = -1  # >= 0: a retained checkpoint holding the first cached_tokens; restore runs first
+    snapshot_points: tuple[int, ...] = ()  # K1 anchors (prompt lengths, best first) worth capturing
+    terminal_snapshot: bool = False  # capture prompt + output when generation ends (P6)
 
 
 @dataclass(slots=True)
@@ -74,6 +80,8 @@ class PlannedLane:
     ceiling: int = 0  # prefix_limit lanes: immutable ceiling min(D + 1, W, limit)
     expected_tokens: float = 0.0  # committed tokens expected (for queue projection)
     finishes_prompt: bool = False  # the prompt ends in this lane: may publish a token
+    checkpoint_row: int = -1  # restore: the row read; snapshot: -1, the engine binds a destination (K3)
+    checkpoint_tokens: int = 0  # restore/snapshot: committed positions the copy covers
 
     @classmethod
     def decode_rows(cls, handles: Iterable[RequestHandle], query_lengths: Iterable[int],
@@ -98,6 +106,8 @@ class PlannedLane:
             lane.ceiling = 0
             lane.expected_tokens = expected
             lane.finishes_prompt = False
+            lane.checkpoint_row = -1
+            lane.checkpoint_tokens = 0
             add(lane)
         return lanes
 
