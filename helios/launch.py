@@ -307,14 +307,32 @@ def ignition_root() -> Path:
 
 
 def _bundle_digest(package_root: Path) -> str:
-    """Names the cache folder by what shapes the catalog: recipe, bundled weights, torch release, and the
-    catalog format (a new program contract captures afresh instead of finding a catalog it refuses)."""
+    """Names the cache folder by what shapes the catalog: recipe, bundled weights, torch release, the
+    catalog format (a new program contract captures afresh instead of finding a catalog it refuses), and
+    the source that writes the programs (model code, capture, capacity planning, the captured ops), so a
+    code change within one format version captures afresh instead of serving programs it no longer makes."""
     digest = hashlib.sha256(f"{torch.__version__.split('+')[0]} format {FORMAT_VERSION}".encode())
-    for path in sorted([package_root / "recipes" / f"{DEFAULT_RECIPE}.yaml",
-                        *(package_root / "models" / "bundled" / DEFAULT_RECIPE).rglob("*")]):
-        if path.is_file():
-            digest.update(path.name.encode() + path.read_bytes())
+    for name, path in _bundle_inputs(package_root):
+        digest.update(f"{name}\0{path.stat().st_size}\0".encode() + path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def _bundle_inputs(package_root: Path) -> list[tuple[str, Path]]:
+    """Every file the bundled capture reads, named relative to its package so the digest does not depend
+    on where the packages are installed."""
+    ops_root = Path(__file__).resolve().parent / "ops"
+    files = [("recipe", package_root / "recipes" / f"{DEFAULT_RECIPE}.yaml")]
+    files += _tree("weights", package_root / "models" / "bundled" / DEFAULT_RECIPE, ("*",))
+    for part in ("models", "capture", "capacity", "components"):
+        files += _tree(f"ignition/{part}", package_root / part, ("*.py",))
+    files += _tree("helios/ops", ops_root, ("*.py", "*.cpp", "*.h"))
+    return files
+
+
+def _tree(name: str, folder: Path, patterns: tuple[str, ...]) -> list[tuple[str, Path]]:
+    found = {path for pattern in patterns for path in folder.rglob(pattern)
+             if path.is_file() and "__pycache__" not in path.parts}
+    return [(f"{name}/{path.relative_to(folder).as_posix()}", path) for path in sorted(found)]
 
 
 def _capture_bundled(folder: Path) -> None:

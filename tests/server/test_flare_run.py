@@ -187,3 +187,29 @@ def test_only_the_bundled_catalog_is_trusted_without_the_flag(tmp_path, monkeypa
                     launch.RunOptions(catalog=tmp_path / "named", trust_catalog=True)):
         launch.open_catalog(options)
     assert trusted == [("bundled", True), ("named", False), ("named", True)]
+
+
+def _fake_ignition(root: Path) -> Path:
+    for name, text in {"recipes/flare-tiny.yaml": "model: x\n", "models/bundled/flare-tiny/target/w.bin": "w",
+                       "models/qwen3.py": "A = 1\n", "capture/build.py": "B = 1\n",
+                       "capacity/plan.py": "C = 1\n", "capture/__pycache__/build.cpython-311.pyc": "junk"}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_bundled_cache_digest_follows_the_capture_source_not_the_install_folder(tmp_path):
+    """A code change that alters the programs within one format version must capture afresh: the cache
+    folder's digest covers model code, capture and capacity planning as well as recipe and weights."""
+    first = _fake_ignition(tmp_path / "a" / "ignition")
+    digest = launch._bundle_digest(first)
+    assert launch._bundle_digest(_fake_ignition(tmp_path / "b" / "ignition")) == digest  # where it lies: no
+    (first / "capture/__pycache__/build.cpython-311.pyc").write_text("other junk")
+    assert launch._bundle_digest(first) == digest  # byte-code caches: no
+    for changed in ("models/qwen3.py", "capture/build.py", "capacity/plan.py", "recipes/flare-tiny.yaml",
+                    "models/bundled/flare-tiny/target/w.bin"):
+        before = (first / changed).read_text()
+        (first / changed).write_text(before + "# edit\n")
+        assert launch._bundle_digest(first) != digest, changed
+        (first / changed).write_text(before)
+    assert launch._bundle_digest(first) == digest
