@@ -170,26 +170,65 @@ def route_server_logs_to_stdout() -> None:
         logger.propagate = False
 
 
+class _Listener(socket.socket):
+    """The bound socket, holding its address claim (``_claim_address``) until it is closed."""
+
+    __slots__ = ("claim",)
+
+    def close(self) -> None:
+        super().close()
+        claim, self.claim = getattr(self, "claim", None), None
+        if claim is not None:
+            claim.close()
+
+
 def bind_listener(host: str, port: int) -> socket.socket:
     """Step 0: bind the address now, so a busy port fails before minutes of capture and warm-up.
 
     Bound, not yet listening: until the server starts, connections are refused
     rather than left waiting in a backlog. Port 0 picks a free port (logged as ready).
+    SO_REUSEADDR (as uvicorn sets it, to restart past TIME_WAIT) also lets a second
+    socket bind the same port while neither listens, so two servers starting at once
+    both passed this step; an exclusive lock on the address settles which one owns it.
     """
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                              flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as exc:
         raise LaunchError(f"--host {host}: not an address this machine can listen on ({exc.strerror})") from None
-    listener = socket.socket(family, kind, proto)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart past TIME_WAIT
+    listener = _Listener(family, kind, proto)
+    listener.claim = None
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind(address)
     except OSError as exc:
         listener.close()
         raise LaunchError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}); "
                           "stop what uses it or pick another --port") from None
+    if port:
+        listener.claim = _claim_address(listener, host, port)
     return listener
+
+
+def _claim_address(listener: socket.socket, host: str, port: int):
+    """An exclusive lock on a file named by the bound address, held while the listener lives, or None
+    where the lock folder cannot be written (the bind is then the only check, as before)."""
+    bound = listener.getsockname()[0]
+    folder = cache_root().parent / "ports"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        claim = open(folder / f"{bound.replace(':', '_')}-{port}.lock", "w")
+    except OSError:
+        log.debug("no address lock for %s:%d", bound, port, exc_info=True)
+        return None
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        claim.close()
+        listener.close()
+        raise LaunchError(f"--host {host} --port {port}: another server is starting on that address; "
+                          "stop it or pick another --port") from None
+    return claim
 
 
 def dump_estimates(engine: HeliosEngine, path: Path) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -213,3 +214,20 @@ def test_bundled_cache_digest_follows_the_capture_source_not_the_install_folder(
         assert launch._bundle_digest(first) != digest, changed
         (first / changed).write_text(before)
     assert launch._bundle_digest(first) == digest
+
+
+def test_a_second_server_cannot_claim_an_address_bound_but_not_yet_listening(tmp_path, monkeypatch):
+    """SO_REUSEADDR lets two sockets bind one port while neither listens: the second start must still be
+    one clear error at step 0, and the address is free again once the first listener closes."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    first = launch.bind_listener("127.0.0.1", port)
+    try:
+        with pytest.raises(LaunchError, match=f"--port {port}: another server is starting"):
+            launch.bind_listener("127.0.0.1", port)
+    finally:
+        first.close()
+    launch.bind_listener("127.0.0.1", port).close()
