@@ -595,7 +595,14 @@ class HeliosEngine:
             if not self.pages.can_claim(positions):
                 return
             self._waiting.popleft()
-            live.handle = self.scheduler.admit(self._admission(live.request))
+            try:
+                live.handle = self.scheduler.admit(self._admission(live.request))
+            except Exception as error:  # this request's admission: fail it, keep serving the rest
+                log.error("admission of request %s failed", live.request.request_id, exc_info=error)
+                live.done = True
+                live.deliver(GenerationFailed(f"the request could not be admitted: {error}"))
+                self._by_id.pop(live.request.request_id, None)
+                continue
             self.pages.claim(live.handle.slot, positions)
             self._by_slot[live.handle.slot] = live
 
@@ -610,11 +617,22 @@ class HeliosEngine:
     def _fill_frames(self) -> None:
         """Plan and submit until the scheduler says no (both slots full, or feedback needed)."""
         while len(self.scheduler.queued_fences) < self.config.frame_slots:
-            self.scheduler.advance_to(time.monotonic_ns())
-            plan = self.scheduler.plan()
+            try:
+                self.scheduler.advance_to(time.monotonic_ns())
+                plan = self.scheduler.plan()
+            except Exception as error:
+                self._planning_failed(error)
+                return
             if plan is None:
                 return
             self._submit(plan)
+
+    def _planning_failed(self, error: Exception) -> None:
+        """Planning raised: no frame to blame, so the requests it was choosing among fail, and the engine
+        goes on admitting (their frames in flight still complete and give their pages back)."""
+        log.error("planning failed; failing the %d resident requests", len(self._by_slot), exc_info=error)
+        for live in list(self._by_slot.values()):
+            self._end(live, GenerationFailed(f"the scheduler failed to plan: {error}"))
 
     def _submit(self, plan: ScheduledPlan) -> None:
         queued_behind = bool(self.scheduler.queued_fences)

@@ -174,3 +174,62 @@ def test_a_top_p_that_rounds_to_zero_in_float32_keeps_the_most_likely_token(cata
     plain, deltas = serve(engine, body)
     assert [t for d in deltas for t in d.token_ids] == plain
     assert "".join(d.text for d in deltas) and deltas[-1].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+
+
+def test_a_failing_admission_fails_only_that_request(catalog, eager, reference, monkeypatch):
+    """Admission raising (a scheduler bug, or a request it cannot hold) used to stop the engine for good."""
+    engine = make_engine(catalog, eager)
+    victim_length = len(greedy(engine, "victim", VICTIM_TEXT).prompt_token_ids)
+    assert all(len(greedy(engine, "x", t).prompt_token_ids) != victim_length for t in (*BACKGROUND, LATE_TEXT))
+    admit = engine.scheduler.admit
+
+    def admitting(request):
+        if request.prompt_tokens == victim_length:
+            raise RuntimeError("injected admission fault")
+        return admit(request)
+    monkeypatch.setattr(engine.scheduler, "admit", admitting)
+
+    async def body(engine):
+        streams = [engine.submit(greedy(engine, f"b{i}", text)) for i, text in enumerate(BACKGROUND)]
+        firsts = [await stream.__anext__() for stream in streams]
+        victim = asyncio.ensure_future(token_ids(engine.submit(greedy(engine, "victim", VICTIM_TEXT))))
+        rests = [asyncio.ensure_future(token_ids(s)) for s in streams]
+        outcomes = await asyncio.gather(victim, *rests, return_exceptions=True)
+        late = await token_ids(engine.submit(greedy(engine, "late", LATE_TEXT)))
+        return firsts, outcomes, late, await asyncio.to_thread(wait_idle, engine)
+
+    firsts, (victim, *rests), late, idle = serve(engine, body)
+    assert isinstance(victim, GenerationFailed) and "injected admission fault" in str(victim), victim
+    for i, (first, rest) in enumerate(zip(firsts, rests)):
+        assert [*first.token_ids, *rest] == reference[f"b{i}"], f"b{i} changed"
+    assert late == reference["late"]
+    assert idle.accepting and idle.kv_pages_used == 0
+    engine.pages.assert_no_leaks()
+
+
+def test_a_failing_plan_fails_the_resident_requests_and_the_engine_serves_later_ones(
+        catalog, eager, reference, monkeypatch):
+    """plan() raising blames no single frame: the resident requests fail, nothing is left waiting, and the
+    engine goes on admitting and serving (it used to turn /health to 503 for good)."""
+    engine = make_engine(catalog, eager)
+    plan, raised = engine.scheduler.plan, []
+
+    def planning():
+        if not raised and len(engine._by_slot) == len(BACKGROUND):
+            raised.append(True)
+            raise RuntimeError("injected planning fault")
+        return plan()
+    monkeypatch.setattr(engine.scheduler, "plan", planning)
+
+    async def body(engine):
+        streams = [engine.submit(greedy(engine, f"b{i}", text)) for i, text in enumerate(BACKGROUND)]
+        outcomes = await asyncio.gather(*(token_ids(s) for s in streams), return_exceptions=True)
+        late = await token_ids(engine.submit(greedy(engine, "late", LATE_TEXT)))
+        return outcomes, late, await asyncio.to_thread(wait_idle, engine)
+
+    outcomes, late, idle = serve(engine, body)
+    assert raised, "the fault never fired: all three requests were never resident together"
+    assert all(isinstance(o, GenerationFailed) and "injected planning fault" in str(o) for o in outcomes), outcomes
+    assert late == reference["late"]
+    assert idle.accepting and idle.kv_pages_used == 0
+    engine.pages.assert_no_leaks()
