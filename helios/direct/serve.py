@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
@@ -24,7 +23,7 @@ from helios.direct.scheduler import LoggedDecision
 from helios.runtime.engine import EngineConfig
 from helios.launch import bind_listener
 from helios.server.app import ServerConfig, create_app
-from helios.server.serve import DEFAULT_GRACE_S, DRAIN_MARGIN_S, DrainingServer
+from helios.server.serve import DEFAULT_GRACE_S, DrainingServer, HttpLimits, body_limit, uvicorn_server
 
 log = logging.getLogger("ignition.debug_serve")
 
@@ -85,13 +84,20 @@ def _log_decision(decision: LoggedDecision) -> None:
 
 def run(options: DebugServeOptions, engine: DirectEngine, listener: socket.socket) -> None:
     """Serve ``engine`` (from :func:`prepare_engine`) on ``listener`` (bound before the warm-up) until
-    SIGINT/SIGTERM, then drain like ``flare run``."""
-    settings = uvicorn.Config(build_app(engine), host=options.host, port=options.port, log_level="warning",
-                              lifespan="on", timeout_graceful_shutdown=DEFAULT_GRACE_S + DRAIN_MARGIN_S)
-    server = DrainingServer(settings, engine, DEFAULT_GRACE_S)
+    SIGINT/SIGTERM, then drain like ``flare run``, under the same HTTP limits (head and body deadlines,
+    the body cap a prompt fitting the context can need)."""
+    server = debug_server(options, engine)
     log.info("direct scheduler ready on http://%s:%d (model %s); GET /debug/state", options.host,
              listener.getsockname()[1], engine.model_name)
     try:
         server.run(sockets=[listener])
     finally:
         listener.close()
+
+
+def debug_server(options: DebugServeOptions, engine: DirectEngine, limits: HttpLimits = HttpLimits(),
+                 grace_s: float = DEFAULT_GRACE_S) -> DrainingServer:
+    max_body = body_limit(engine.context_length, engine.tokenizer.max_token_bytes) or ServerConfig().max_body_bytes
+    config = ServerConfig(max_body_bytes=max_body)
+    return uvicorn_server(engine, config, options.host, options.port, grace_s, log_level="warning",
+                          limits=limits, app=build_app(engine, config))

@@ -194,10 +194,13 @@ class BodyDeadline:
 def uvicorn_server(
     engine: Engine, config: ServerConfig = ServerConfig(), host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
     grace_s: float = DEFAULT_GRACE_S, log_level: str = "info", limits: HttpLimits = HttpLimits(),
+    app: ASGIApp | None = None,
 ) -> DrainingServer:
+    """uvicorn with the HTTP limits and drain; ``app`` replaces ``create_app(engine, config)`` (a server
+    with extra routes, such as debug-serve's, built on that app)."""
     if grace_s < 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")
-    app = BodyDeadline(create_app(engine, config), limits.body_timeout_s)
+    app = BodyDeadline(app if app is not None else create_app(engine, config), limits.body_timeout_s)
     settings = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=grace_s + DRAIN_MARGIN_S,
         http=functools.partial(HeadDeadlineProtocol, head_timeout_s=limits.head_timeout_s),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,31 @@ def test_the_command_serves_over_http_logs_each_decision_and_stops_on_sigterm(ca
     assert len(logged) == len(state["decisions"]) >= 2  # a prefill chunk, then decode rounds
     assert all("score=" in line for line in logged)
     assert code == 0
+
+
+def test_debug_serve_has_flare_runs_body_cap_and_deadlines(catalog, eager):
+    """debug-serve is served under the same HTTP limits as flare run: a body larger than a context-filling
+    prompt can need is a 413, and a body that stops arriving is a 408 at the body deadline."""
+    from helios.direct.serve import DebugServeOptions, debug_server
+    from helios.server.serve import HttpLimits, body_limit
+    from server_process import serving_in_thread
+
+    engine = DirectEngine(catalog, EngineConfig(speculation="off", threads=1), program_for=eager)
+    cap = body_limit(engine.context_length, engine.tokenizer.max_token_bytes)
+    assert cap is not None
+    limits = HttpLimits(head_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=5.0, max_head_bytes=4096)
+    server = debug_server(DebugServeOptions(catalog.path, port=0), engine, limits, grace_s=0.2)
+    with serving_in_thread(server) as url:
+        with httpx.Client(base_url=url, timeout=30.0) as client:
+            too_big = client.post("/v1/completions", json={"model": "flare-tiny", "prompt": "a" * cap})
+            state = client.get("/debug/state")
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30.0) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"model\":")
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+    assert state.status_code == 200  # its own route is still there
+    assert received.startswith(b"HTTP/1.1 408"), received[:200]
