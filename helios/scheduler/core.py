@@ -435,29 +435,12 @@ class Scheduler:
 
     def _state_choice(self, timings, population: Population) -> state_ops.StateChoice | None:
         """The best pending state operation (P1-P4, P6), scored on the ordinary decision's snapshot."""
-        start_ns = self._queue.end_ns(self.now_ns)
-        policy = self.policy
-        restores, snapshots, held = [], [], []
-        for s in self._slots:
-            if s is None or s.inflight:
-                continue
-            ops = s.ops
-            if ops.terminal_since_ns is not None:
-                held.append(state_ops.Held(s.handle, max(start_ns - ops.terminal_since_ns, 0) / 1e6,
-                                           s.request.prompt_tokens + s.produced - 1, s.last_selected_ns))
-            elif s.live and ops.blocked:
-                x = self._queue.projected_token_rate(s)
-                congestion = policy.token_fairness / x
-                first = policy.output_token_value + congestion if s.room() > 0 else 0.0
-                point = ops.next_point(s.prompt_done)
-                remaining = (point or s.request.prompt_tokens) - s.prompt_done
-                row = state_ops.Enabled(s.handle, s.prompt_done, remaining, 1.0 + congestion,
-                                        0.0 if point is not None and point < s.request.prompt_tokens else first,
-                                        s.prompt_done if ops.due else s.request.cached_tokens,
-                                        s.request.restore_row if ops.restore_pending else -1, s.last_selected_ns)
-                (restores if ops.restore_pending else snapshots).append(row)
-        if not (restores or snapshots or held):
+        pending = state_ops.pending(self._slots, self._queue.end_ns(self.now_ns), self.policy,
+                                    self._queue.projected_token_rate)
+        if pending is None:
             return None
+        restores, snapshots, held = pending
+        policy = self.policy
         inputs = state_ops.StateInputs(
             restores, snapshots, held, population, policy.decode_age_price * len(population.decoders),
             policy.terminal_value, policy.terminal_age_price, self._timing.prefill_times(timings))

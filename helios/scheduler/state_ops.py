@@ -339,6 +339,39 @@ def snapshot_ms(graphs: Sequence[GraphDescriptor], timings: Sequence[GraphTiming
     return min(known, default=None)
 
 
+def pending(slots, start_ns: int, policy, rate_of) -> tuple[list[Enabled], list[Enabled], list[Held]] | None:
+    """The requests waiting for a state operation with nothing in flight: (restores, snapshots, held), or None.
+
+    ``slots`` are the core's request states; ``rate_of(state)`` its token rate projected to the queue's
+    end (A10), which prices the prompt a restore or intermediate snapshot enables (1 + f/x, U3).
+    """
+    restores, snapshots, held = [], [], []
+    for s in slots:
+        if s is None or s.inflight:
+            continue
+        ops = s.ops
+        if ops.terminal_since_ns is not None:
+            held.append(Held(s.handle, max(start_ns - ops.terminal_since_ns, 0) / 1e6,
+                             s.request.prompt_tokens + s.produced - 1, s.last_selected_ns))
+        elif s.live and ops.blocked:
+            row = _enabled(s, policy, rate_of(s))
+            (restores if ops.restore_pending else snapshots).append(row)
+    return (restores, snapshots, held) if restores or snapshots or held else None
+
+
+def _enabled(s, policy, x: float) -> Enabled:
+    """A waiting request as the prompter it becomes: its prompt up to its next armed point, at its prices."""
+    ops, prompt = s.ops, s.request.prompt_tokens
+    congestion = policy.token_fairness / x
+    point = ops.next_point(s.prompt_done)
+    cut = point is not None and point < prompt
+    first = policy.output_token_value + congestion if s.room() > 0 and not cut else 0.0
+    tokens = s.prompt_done if ops.due else s.request.cached_tokens
+    row = s.request.restore_row if ops.restore_pending else -1
+    return Enabled(s.handle, s.prompt_done, (point if cut else prompt) - s.prompt_done, 1.0 + congestion, first,
+                   tokens, row, s.last_selected_ns)
+
+
 def check_state_lane(state, lane: PlannedLane, graph: GraphDescriptor) -> None:
     """Commit-time check of a state lane (A6): its request still waits for exactly this operation."""
     if state is None:

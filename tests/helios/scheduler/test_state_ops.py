@@ -234,3 +234,38 @@ def test_V4_snapshot_cost_sweep_enables_the_shared_batch_only_with_enough_value_
         outcomes.append(restore_first)
     assert outcomes[0] and not outcomes[-1]
     assert outcomes == sorted(outcomes, reverse=True)  # one threshold: cheaper restores win
+
+
+def test_U8_an_unmeasured_restore_is_discovered_like_any_graph():
+    durations = catalog()
+    s = measured(durations, cold=(RESTORE,))
+    s.admit(AdmitRequest(300, 2, 1000, cached_tokens=200, restore_row=0))
+    plan = s.plan()
+    assert plan.graph is RESTORE and plan.reason.value == "discovery" and plan.estimated_duration_ns == 0
+
+
+def test_state_lanes_are_checked_at_commit_and_completion():
+    durations = catalog()
+    s = measured(durations)
+    h = s.admit(AdmitRequest(300, 2, 1000, cached_tokens=200, restore_row=0))
+    plan = s.plan()
+    s.commit(plan, 1)
+    with pytest.raises(ValueError, match="consumes no prompt and commits no token"):
+        s.complete(1, [CompletionRecord(h, tokens=(3,))], ExecutionTiming(MS, MS))
+    with pytest.raises(ValueError):
+        s.commit(plan, 2)  # stale: the restore is already in flight (and the window is full of feedback)
+    s.complete(1, [CompletionRecord(h)], ExecutionTiming(MS, MS))
+    s.advance_to(MS)
+    with pytest.raises(ValueError, match="stale plan"):
+        s.commit(plan, 2)  # the request no longer waits for a restore
+
+
+def test_P6_cancelling_a_held_request_gives_the_capture_up():
+    durations = catalog()
+    s = measured(durations, slots=1)
+    h = s.admit(AdmitRequest(10, 1, 100, terminal_snapshot=True))
+    Clock(s, durations).step()
+    assert s.holds(h)
+    s.cancel(h)
+    assert not s.holds(h) and s.plan() is None
+    s.admit(AdmitRequest(10, 1, 100))
