@@ -22,6 +22,7 @@ The life of one simulated run:
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -386,7 +387,8 @@ class Simulation:
             policy=trace.policy, speculation=trace.speculation,
         )
         self.device = SyntheticDevice(catalog, random.Random(trace.seed))
-        ordered = sorted(trace.requests, key=lambda r: r.arrival_ns)
+        # by arrival; follow-up turns (whose arrival is known only at run time) after, in trace order
+        ordered = sorted(trace.requests, key=lambda r: r.arrival_ns if r.follows is None else math.inf)
         self.everyone = [_SimulatedRequest(r, RequestOutcome(r.id, r.arrival_ns)) for r in ordered]
         # conversations: a follow-up arrives think_ms after the turn it follows leaves its slot
         # reuse needs both state programs in the catalog: a catalog without them runs as before
