@@ -124,16 +124,22 @@ def prefix_rate(terminal_value: float, shape: PairShape, waiting: Waiting) -> fl
 
 
 def best_pair(shape: PairShape, newly: Sequence[float], ready: Sequence[Ready],
-              terminals: Sequence[Terminal], waiting: Waiting) -> PairChoice | None:
+              terminals: Sequence[Terminal], waiting: Waiting, *, least: int = 1,
+              fixed: float = 0.0) -> PairChoice | None:
     """P1/P2: the exact best joint cohort of two fixed shapes, or None when no newly ready row fits.
 
     ``newly``: each newly ready row's value in the following graph (it passes
     through the prerequisite first). The prerequisite's rows left after k
     served rows and the terminal rows advance further newly ready rows at no
     extra physical cost (they earn nothing now; equal rates prefer them).
+
+    The mixed contract's cases: ``fixed`` is the value of a following-graph row
+    outside these rows (a mixed graph's prompt row), and ``least`` the fewest
+    newly ready rows the following rows must serve (0 when that prompt row is
+    itself newly ready: the pair already serves one).
     """
     limit = min(len(newly), shape.first_rows, shape.following_rows)
-    if limit < 1:
+    if limit < least:
         return None
     total_ms = shape.first_ms + shape.following_ms
     new_sums = _sums(newly)
@@ -142,10 +148,10 @@ def best_pair(shape: PairShape, newly: Sequence[float], ready: Sequence[Ready],
     saving = _terminal_saving(waiting, shape.first_ms, shape.following_ms) if shape.known else 0.0
     term_sums = [0.0, *accumulate(term_values)]
     best = None
-    for k in range(1, limit + 1):
+    for k in range(least, limit + 1):
         r = min(len(ready), shape.following_rows - k)
         t = min(len(term_values), shape.first_rows - k)
-        value = new_sums[k] + ready_sums[r] + term_sums[t]
+        value = fixed + new_sums[k] + ready_sums[r] + term_sums[t]
         extra = min(len(newly), shape.first_rows - t) - k  # more restored rows: no extra cost
         if shape.known:
             whole = sequence_rate(value, shape, waiting, t * saving)

@@ -38,7 +38,7 @@ from helios.scheduler.prerequisites import (
 from helios.scheduler.checkpoints import ExtraWorkAllowance
 from helios.scheduler.select.population import Population
 from helios.scheduler.select.timing import GraphTiming
-from helios.scheduler.service import ShapeTiming, reference_interval_ms
+from helios.scheduler.service import MIN_RATE_PER_MS, ShapeTiming, reference_interval_ms
 from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle
 from helios.scheduler.utility import PrefillTimes, prompt_chunk_value
 
@@ -62,6 +62,11 @@ class Enabled:
     tokens: int
     row: int = -1
     recency: int = 0
+    decode_value: float | None = None  # set when it continues by decoding (a snapshot at its prompt end)
+
+    @property
+    def decodes(self) -> bool:
+        return self.decode_value is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +138,14 @@ def best_state_choice(graphs: Sequence[GraphDescriptor], timings: Sequence[Graph
 
 
 def _following_shapes(graphs, timings) -> list[_Following]:
-    """Prefill and width-one mixed programs; known ones only, unless none is known (then all, optimistic)."""
+    """Prefill, width-one decode and width-one mixed programs; known ones only, unless none is known
+    (then all, compared optimistically)."""
     shapes = []
     for g, t in zip(graphs, timings):
         if g.kind is GraphKind.PREFILL:
             shapes.append(_Following(g, t.duration_ns / 1e6, g.batch_capacity, 0))
+        elif g.kind is GraphKind.DECODE and g.width == 1:
+            shapes.append(_Following(g, t.duration_ns / 1e6, 0, g.batch_capacity))
         elif g.kind is GraphKind.MIXED and g.width == 1 and g.prefill_capacity > 0:
             shapes.append(_Following(g, t.duration_ns / 1e6, 1, g.batch_capacity - 1))
     known = [s for s in shapes if s.ms > 0]
@@ -210,35 +218,78 @@ def _terminal_only(graph, timing, terminals, inputs: StateInputs) -> StateChoice
 def _pair(graph, timing, enabled, terminals, inputs: StateInputs, shape: _Following) -> StateChoice | None:
     """P1/P2 for this program followed by ``shape``: the exact joint cohort, then the first graph's lanes.
 
-    A prefill shape's rows all carry prompts: newly and already ready prompters compete for them.
-    A mixed shape carries one prompt row, so k = 1 and its other rows serve ready decoders.
+    Prefill rows carry prompts (newly and already ready prompters compete for them); decode rows
+    carry decoders. A mixed shape has one prompt row and B - 1 decode rows; its prompt row is a
+    newly ready prompter, or a ready one, or absent (spec "Mixed execution contract"): each case
+    leaves an exact pair problem for the decode rows, and the best case stands.
     """
     if not enabled:
         return None
-    times = inputs.prefill_times
-    capacity = shape.graph.prefill_capacity
-    rows = sorted(enabled, key=lambda r: (-_row_value(r, capacity, times), r.recency))
-    newly = [_row_value(r, capacity, times) for r in rows]
+    times, capacity = inputs.prefill_times, shape.graph.prefill_capacity
+    prompting = sorted((r for r in enabled if not r.decodes),
+                       key=lambda r: (-_row_value(r, capacity, times), r.recency))
+    decoding = sorted((r for r in enabled if r.decodes), key=lambda r: (-r.decode_value, r.recency))
     first_ms, first_rows = timing.duration_ns / 1e6, graph.batch_capacity
-    held = [Terminal(v) for v, _ in terminals]
-    if shape.prompt_rows == 1:
-        pair = PairShape(first_ms, first_rows, shape.ms, 1 + shape.decode_rows)
-        choice = best_pair(pair, newly[:1], _ready_decoders(inputs.population), held, _waiting(inputs))
-        restored = 0 if choice is None else min(len(rows), first_rows - choice.terminals)
-    else:
+    held, waiting = [Terminal(v) for v, _ in terminals], _waiting(inputs)
+    pop = inputs.population
+    cases = []  # (choice, rows the prerequisite serves first)
+    if shape.decode_rows == 0:  # prefill
         pair = PairShape(first_ms, first_rows, shape.ms, shape.prompt_rows)
-        choice = best_pair(pair, newly, _ready_prompters(inputs.population, capacity, times), held,
-                           _waiting(inputs))
-        restored = 0 if choice is None else choice.newly
-    if choice is None:
-        return None
-    lanes = [_enabled_lane(graph, r) for r in rows[:restored]]
+        newly = [_row_value(r, capacity, times) for r in prompting]
+        choice = best_pair(pair, newly, _ready_prompters(pop, capacity, times), held, waiting)
+        cases.append((choice, [], prompting))
+    elif shape.prompt_rows == 0:  # decode
+        pair = PairShape(first_ms, first_rows, shape.ms, shape.decode_rows)
+        choice = best_pair(pair, [r.decode_value for r in decoding], _ready_decoders(pop), held, waiting)
+        cases.append((choice, [], decoding))
+    else:
+        cases += _mixed_cases(pair_ms=(first_ms, shape.ms), rows=(first_rows, shape.decode_rows),
+                              prompting=prompting, decoding=decoding, inputs=inputs, held=held,
+                              capacity=capacity)
+    best = None
+    for choice, fixed, newly in cases:
+        if choice is None:
+            continue
+        found = _pair_choice(graph, timing, choice, fixed + newly[:choice.served], enabled, terminals)
+        if best is None or found.key() > best.key():
+            best = found
+    return best
+
+
+def _mixed_cases(pair_ms, rows, prompting, decoding, inputs: StateInputs, held, capacity):
+    """A mixed following graph: its prompt row newly ready (then k >= 0 newly ready decoders), or
+    the best ready prompter's, or empty (then k >= 1)."""
+    (first_ms, following_ms), (first_rows, decode_rows) = pair_ms, rows
+    times, pop, waiting = inputs.prefill_times, inputs.population, _waiting(inputs)
+    ready, newly = _ready_decoders(pop), [r.decode_value for r in decoding]
+    cases = []
+    if prompting:
+        lead = prompting[0]
+        pair = PairShape(first_ms, first_rows - 1, following_ms, decode_rows)
+        choice = best_pair(pair, newly, ready, held, waiting, least=0, fixed=_row_value(lead, capacity, times))
+        cases.append((choice, [lead], decoding))
+    p = pop.prompters
+    ready_prompt = max((prompt_chunk_value(min(capacity, left), left, price, first, times)
+                        for left, price, first in zip(p.remaining, p.price, p.first_token)), default=0.0)
+    pair = PairShape(first_ms, first_rows, following_ms, decode_rows)
+    cases.append((best_pair(pair, newly, ready, held, waiting, fixed=ready_prompt), [], decoding))
+    return cases
+
+
+def _pair_choice(graph, timing, choice, served, enabled, terminals) -> StateChoice:
+    """The first graph's lanes: the newly ready rows the following graph serves, the terminal rows,
+    then other waiting rows in the spare rows (they advance at no extra physical cost, P2)."""
+    lanes = [_enabled_lane(graph, r) for r in served]
     lanes += [_snapshot_lane(h.handle, h.tokens) for _, h in terminals[:choice.terminals]]
+    chosen = {r.handle for r in served}
+    spare = max(graph.batch_capacity - len(lanes), 0)
+    lanes += [_enabled_lane(graph, r) for r in enabled if r.handle not in chosen][:spare]
     return StateChoice(graph, timing, tuple(lanes), choice.score, choice.known)
 
 
 def _chain(graph, timing, enabled, terminals, inputs: StateInputs) -> StateChoice | None:
     """P4: each enabled row's whole remaining prompt, V in a further F ms, contributes V*T/(T+F)."""
+    enabled = [r for r in enabled if not r.decodes]
     if not enabled:
         return None
     times = inputs.prefill_times
@@ -368,8 +419,13 @@ def _enabled(s, policy, x: float) -> Enabled:
     first = policy.output_token_value + congestion if s.room() > 0 and not cut else 0.0
     tokens = s.prompt_done if ops.due else s.request.cached_tokens
     row = s.request.restore_row if ops.restore_pending else -1
+    decode_value = None
+    if s.prompt_done >= prompt:  # a snapshot at the prompt end: it continues by decoding
+        z = s.service.delivery_rate
+        delivery = policy.delivery_fairness / max(z, MIN_RATE_PER_MS) if z is not None else 0.0
+        decode_value = policy.output_token_value + congestion + delivery if s.room() > 0 else 0.0
     return Enabled(s.handle, s.prompt_done, (point if cut else prompt) - s.prompt_done, 1.0 + congestion, first,
-                   tokens, row, s.last_selected_ns)
+                   tokens, row, s.last_selected_ns, decode_value)
 
 
 def check_state_lane(state, lane: PlannedLane, graph: GraphDescriptor) -> None:

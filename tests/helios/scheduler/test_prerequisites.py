@@ -38,15 +38,18 @@ def _subsets(items, least, most):
         yield from combinations(items, k)
 
 
-def brute_force(shape: PairShape, newly, ready, terminals, waiting: Waiting):
-    """(best score, its magnitude for the rounding bound) over every legal joint cohort, or None."""
+def brute_force(shape: PairShape, newly, ready, terminals, waiting: Waiting, least=1, fixed=0.0):
+    """(best score, its magnitude for the rounding bound) over every legal joint cohort, or None.
+
+    ``fixed``: a following-graph row outside the enumerated rows (a mixed graph's prompt row);
+    ``least``: the fewest newly ready rows the following rows serve."""
     t, f = shape.first_ms, shape.following_ms
     total = t + f
     best = None
-    for served in _subsets(newly, 1, min(shape.first_rows, shape.following_rows)):
+    for served in _subsets(newly, least, min(shape.first_rows, shape.following_rows)):
         for rows in _subsets(ready, 0, shape.following_rows - len(served)):
             for done in _subsets(terminals, 0, shape.first_rows - len(served)):
-                value = sum(served) + sum(r.value + r.slope * total for r in rows) + sum(x.value for x in done)
+                value = fixed + sum(served) + sum(r.value + r.slope * total for r in rows) + sum(x.value for x in done)
                 waiting_rows = waiting.terminals - len(done)
                 cost = 0.5 * total * total * (waiting.decoders + waiting.terminal * waiting_rows)
                 cost += 0.5 * t * t * waiting.terminal * len(done)  # completed at T: stops waiting (P2)
@@ -68,7 +71,9 @@ def pair_cases(draw):
     ready = [Ready(draw(values), draw(st.floats(0.0, 3.0))) for _ in range(draw(st.integers(0, 4)))]
     terminals = [Terminal(draw(values)) for _ in range(draw(st.integers(0, 3)))]
     waiting = Waiting(draw(st.floats(0.0, 2.0)), draw(st.floats(0.0, 2.0)), len(terminals) + draw(st.integers(0, 2)))
-    return shape, newly, ready, terminals, waiting
+    # the mixed contract's cases: a prompt row outside these rows, itself newly ready (least 0) or not
+    least, fixed = draw(st.sampled_from([(1, 0.0), (1, None), (0, None)]))
+    return shape, newly, ready, terminals, waiting, least, draw(values) if fixed is None else fixed
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -76,15 +81,15 @@ def pair_cases(draw):
 def test_P1_P2_pair_cohort_equals_exhaustive_enumeration(case):
     """P1: sorted prefix sums over k >= 1 give the exact best joint cohort of two fixed shapes;
     P2: scored over T+F, terminals stop at T, the productive first stage compared too."""
-    shape, newly, ready, terminals, waiting = case
-    choice = best_pair(shape, newly, ready, terminals, waiting)
-    expected = brute_force(shape, newly, ready, terminals, waiting)
+    shape, newly, ready, terminals, waiting, least, fixed = case
+    choice = best_pair(shape, newly, ready, terminals, waiting, least=least, fixed=fixed)
+    expected = brute_force(shape, newly, ready, terminals, waiting, least, fixed)
     if expected is None:
         assert choice is None
         return
     score, magnitude = expected
     assert choice.score == pytest.approx(score, rel=0, abs=64 * EPS * magnitude)
-    assert 1 <= choice.served <= min(shape.first_rows, shape.following_rows)
+    assert least <= choice.served <= min(shape.first_rows, shape.following_rows)
     assert choice.served + choice.ready <= shape.following_rows
     assert choice.newly + choice.terminals <= shape.first_rows
 

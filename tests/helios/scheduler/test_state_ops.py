@@ -17,7 +17,8 @@ from helios.scheduler import (
     LanePhase,
     PolicyConfig,
 )
-from helios.scheduler.prerequisites import PairShape, Ready, Waiting, sequence_rate
+from helios.scheduler.prerequisites import PairShape, Ready, Waiting, best_pair, sequence_rate
+from helios.scheduler.service import MIN_RATE_PER_MS
 from helios.scheduler.utility import prompt_chunk_value
 
 RESTORE = GraphDescriptor("restore_b1", GraphKind.RESTORE, 1)
@@ -200,7 +201,7 @@ def test_K2_extras_fit_the_allowance_and_unknown_costs_disable_them():
     assert first.graph.kind is GraphKind.PREFILL and first.lanes[0].prompt_tokens > 128
 
 
-def test_V4_snapshot_cost_sweep_enables_the_shared_batch_only_with_enough_value_per_time():
+def test_P1_restore_cost_sweep_enables_a_shared_mixed_batch_only_with_enough_value_per_time():
     """Two decoders stream; a third request waits for its restore, which enables a shared mixed batch.
 
     Across restore costs the scheduler takes the restore first exactly when the two-stage sequence
@@ -269,3 +270,46 @@ def test_P6_cancelling_a_held_request_gives_the_capture_up():
     s.cancel(h)
     assert not s.holds(h) and s.plan() is None
     s.admit(AdmitRequest(10, 1, 100))
+
+
+def test_V4_snapshot_cost_sweep_enables_the_shared_decode_batch_only_with_enough_value_per_time():
+    """V4. Two decoders stream; a third request's prompt ended at an armed snapshot point, so it may
+    decode only after its snapshot. Either the two decode now (C waits), or the snapshot runs and a
+    shared batch of four rows then decodes all three. Across snapshot costs the scheduler takes the
+    snapshot first exactly when that whole sequence (snapshot T, then the shared batch F, ages to T+F)
+    has a higher value rate than the best ordinary program; cheap snapshots win, dear ones wait.
+    """
+    outcomes = []
+    policy = PolicyConfig(checkpoint_extra_work_fraction=1.0)  # arm the point at every cost of the sweep
+    for cost in (0.05, 0.2, 0.5, 1, 2, 4, 8, 16, 25):
+        durations = {decode(2): 1.0, decode(4): 1.3, prefill(256): 30.0, SNAPSHOT: cost, RESTORE: 0.5}
+        s = measured(durations, slots=4, policy=policy)
+        clock = Clock(s, durations)
+        for _ in range(2):
+            s.admit(AdmitRequest(8, 400, 1000))
+        while len(s.selection_inputs()[1].decoders) < 2:
+            clock.step()
+        c = s.admit(AdmitRequest(200, 400, 1000, snapshot_points=(200,)))
+        while s.request_view(c).prompt_done < 200:
+            clock.step()
+        timings, population = s.selection_inputs()
+        assert c not in population.decoders.handle  # waits for its snapshot
+        ordinary = s.selector.select(timings, population)
+        d = population.decoders
+        ready = [Ready(tp + dp + credit, slope)
+                 for tp, dp, credit, slope in zip(d.token_price, d.delivery_price, d.age_credit, d.age_slope)]
+        state = s._slots[c.slot]
+        x, z = s._queue.projected_token_rate(state), state.service.delivery_rate
+        newly = 64.0 + 16.0 / x + (4.0 / max(z, MIN_RATE_PER_MS) if z is not None else 0.0)
+        # the shared batch of four (all three decode), or a batch of two (C and the better stream)
+        sequence = max(best_pair(PairShape(cost, 1, f_ms, rows), [newly], ready, [],
+                                 Waiting(population.active_age_price)).score
+                       for f_ms, rows in ((1.3, 4), (1.0, 2)))
+        plan = s.plan()
+        snapshot_first = plan.graph is SNAPSHOT
+        assert snapshot_first == (sequence > ordinary.score), cost
+        if snapshot_first:
+            assert plan.lanes[0].checkpoint_tokens == 200 and plan.estimated_duration_ns == int(cost * MS)
+        outcomes.append(snapshot_first)
+    assert outcomes[0] and not outcomes[-1]
+    assert outcomes == sorted(outcomes, reverse=True)  # one threshold: cheaper snapshots win
