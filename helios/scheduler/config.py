@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
-CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share")
+CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -35,6 +35,10 @@ class PolicyConfig:
     # prompt hold the device for hundreds of ms while streams wait, U6).
     token_rate_by_value: int = 0  # 1: x counts a prompt token as 1/beta output token (0: one for one)
     prompt_chunk_share: int = 1  # a chunk leaving prompt behind earns its time share of the prompt (0: its tokens)
+    # 1: a program that leaves decoders waiting (a prefill, a partial batch) scores no more than itself
+    # followed by the decode round of those it leaves out (0: its own value rate, U6's text); not the
+    # default: it pays only with token_rate_by_value, which the default leaves off (docs)
+    prefill_defers_decode: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -79,7 +83,7 @@ class PolicyConfig:
             config = cls()
         elif name == "throughput":
             # keeps token fairness and output-token value; drops cadence preferences
-            config = cls(delivery_fairness=0.0, decode_age_price=0.0)
+            config = cls(delivery_fairness=0.0, decode_age_price=0.0, prefill_defers_decode=0)
         else:
             raise ValueError(f"unknown scheduler policy {name!r}; expected one of {', '.join(POLICY_PRESETS)}")
         overrides = {

@@ -516,7 +516,8 @@ class Scheduler:
         # one family shares one slope; with beta > 0 every token price is positive (the other
         # preferences are >= 0, PolicyConfig checks, so delivery prices and age credits are too)
         return Population(dec, prm, c * len(states), policy.adaptive_verification_alpha,
-                              ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0)
+                              ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0,
+                              defers_decode=bool(policy.prefill_defers_decode))
 
     def _reference_intervals(self, counts: dict[str | None, int], timings) -> dict[str | None, float]:
         """sigma per delivery family, keyed by its proposal source (U5).

@@ -23,6 +23,8 @@ from helios.scheduler.select.rankings import DecodeRanking, PromptRanking, Promp
 from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.utility import optimistic_work_score
 
+from helios.scheduler.select.catalog import GroupKind
+
 if TYPE_CHECKING:
     from helios.scheduler.select.catalog import Group
 
@@ -197,3 +199,60 @@ def mixed_entry(sel: DecisionRankings, index: int, graph: GraphDescriptor, timin
     if best is None:
         return None
     return (not timing.known, best), index, r if row is None else PromptRow(r, prompts, row)
+
+
+
+def charge_deferred_round(sel: DecisionRankings, graphs, groups, out: Out) -> None:
+    """Score each measured program at most as itself followed by the round of the decoders it leaves out.
+
+    ``PolicyConfig.prefill_defers_decode`` (docs/scheduling-utility.md, "Departures from the spec"):
+    a program that serves k of the n decoders (none for a prefill) leaves n - k waiting, and they
+    still take a decode round of their own afterwards. Its score is the lower of its own U6 rate and
+    the rate of the pair, ``(N + N_rest) / (T + T_rest)`` minus the waiting cost over ``T + T_rest``
+    (N: the program's U6 numerator; N_rest: the left-out decoders' plain decode lane values and age
+    credits at ``T + T_rest``; T_rest: the fastest measured plain decode program that holds them).
+    Against a program that serves them all the order of U6 stays where the pair's rate lies between
+    the two; a mixed program that carries a chunk and the decoders in less time than the chunk alone
+    plus their round, or one full batch instead of two partial ones, wins. Only measured candidates
+    are touched; unknown durations keep U8's optimistic work.
+    """
+    plain = sel.decode_ranking(None, 1)
+    n = plain.size
+    if n == 0:
+        return
+    rest_ms = _rest_round_ms(sel, groups, n)
+    prefix, slopes = plain.ranked.prefix, plain.slope_prefix
+    scores, payloads, durations, active = out.scores, out.payloads, sel.t_ms, sel.pop.active_age_price
+    for index, own in enumerate(scores):
+        if own == MISSING:
+            continue
+        payload = payloads[index]
+        served = payload.decoders_served(graphs[index]) if hasattr(payload, "decoders_served") else 0
+        if served >= n:
+            continue
+        t_rest = rest_ms[n - served]
+        if t_rest <= 0.0:
+            continue
+        t = durations[index]
+        total = t + t_rest
+        rest = prefix[n] - prefix[served] + (slopes[n] - slopes[served]) * total
+        pair = rate((own + 0.5 * t * active) * t + rest, 0.0, total, active)
+        if pair < own:
+            scores[index] = pair
+
+
+def _rest_round_ms(sel: DecisionRankings, groups, n: int) -> list[float]:
+    """Per count m <= n: the fastest measured plain decode program holding m rows (0.0: none)."""
+    best = [0.0] * (n + 1)
+    durations = sel.t_ms
+    for group in groups:
+        if group.kind is not GroupKind.RECTANGULAR or group.source is not None or group.width != 1:
+            continue
+        for index, batch in group.batches:
+            t = durations[index]
+            if t <= 0.0:
+                continue
+            for m in range(1, min(batch, n) + 1):
+                if best[m] == 0.0 or t < best[m]:
+                    best[m] = t
+    return best
