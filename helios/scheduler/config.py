@@ -35,10 +35,10 @@ class PolicyConfig:
     # prompt hold the device for hundreds of ms while streams wait, U6).
     token_rate_by_value: int = 0  # 1: x counts a prompt token as 1/beta output token (0: one for one)
     prompt_chunk_share: int = 1  # a chunk leaving prompt behind earns its time share of the prompt (0: its tokens)
-    # 1: a program that leaves decoders waiting (a prefill, a partial batch) scores no more than itself
-    # followed by the decode round of those it leaves out (0: its own value rate, U6's text); not the
-    # default: it pays only with token_rate_by_value, which the default leaves off (docs)
-    prefill_defers_decode: int = 0
+    # 1: where the catalog has mixed programs, a program that leaves work waiting (decoders outside its
+    # batch, prompts beside a decode round) scores no more than itself followed by that work's own
+    # frame (0: its own value rate, U6's text; docs/scheduling-utility.md, "The deferred round")
+    prefill_defers_decode: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
