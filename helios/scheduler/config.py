@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
-CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode")
+CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -39,6 +39,9 @@ class PolicyConfig:
     # batch, prompts beside a decode round) scores no more than itself followed by that work's own
     # frame (0: its own value rate, U6's text; docs/scheduling-utility.md, "The deferred round")
     prefill_defers_decode: int = 1
+    # 1: each decoder's age price is at least beta / sigma^2 (its output value per reference interval,
+    # per reference interval; 0: decode_age_price alone, Y1's 0.1)
+    age_price_by_cadence: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,7 +86,7 @@ class PolicyConfig:
             config = cls()
         elif name == "throughput":
             # keeps token fairness and output-token value; drops cadence preferences
-            config = cls(delivery_fairness=0.0, decode_age_price=0.0, prefill_defers_decode=0)
+            config = cls(delivery_fairness=0.0, decode_age_price=0.0, prefill_defers_decode=0, age_price_by_cadence=0)
         else:
             raise ValueError(f"unknown scheduler policy {name!r}; expected one of {', '.join(POLICY_PRESETS)}")
         overrides = {

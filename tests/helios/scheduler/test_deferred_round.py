@@ -87,3 +87,35 @@ def test_the_pair_counts_the_left_out_decoders_so_a_much_richer_prefill_still_go
     choice = select(list(graphs), [timing(ms) for ms in graphs.values()], population)
     assert choice.graph == p512
     assert choice.score == pytest.approx((512 * PRICE + DECODERS) / (9.68 + 3.78))
+
+
+# ---------------------------------------------------------------------------
+# PolicyConfig.age_price_by_cadence: c >= beta / d^2, d the full-batch cadence (U5 with K = k = slots)
+# ---------------------------------------------------------------------------
+
+
+def test_cadence_age_price_is_beta_over_the_cadence_squared_with_the_policy_c_as_floor():
+    from helios.scheduler.utility import decode_age_price
+    assert decode_age_price(0.1, 64.0, 3.78) == 64.0 / (3.78 * 3.78)
+    assert decode_age_price(0.1, 64.0, 40.0) == 0.1  # 64 / 1600 = 0.04 is below the floor
+    assert decode_age_price(0.1, 64.0, None) == 0.1  # no measured cadence
+
+
+def test_cadence_age_price_reaches_every_decoders_slope_and_the_waiting_cost():
+    from sched_harness import Driver, ask, measured
+    catalog = {P256: 5.84, D8: 3.14, D16: 3.78}
+    by_policy = {}
+    for by_cadence in (0, 1):
+        s = measured(catalog, policy=PolicyConfig(age_price_by_cadence=by_cadence))
+        d = Driver(s, catalog)
+        for _ in range(3):
+            d.admit(ask(64, 50))
+        d.run(40)
+        population = s._population(s.now_ns, s._timings())
+        assert len(population.decoders.handle) == 3
+        by_policy[by_cadence] = population
+    c = 64.0 / 3.78 ** 2  # 16 slots in decode b16 every 3.78 ms: d = 16 * 3.78 / 16
+    assert by_policy[0].active_age_price == pytest.approx(3 * 0.1)
+    assert by_policy[1].active_age_price == pytest.approx(3 * c)
+    ratio = [b / a for a, b in zip(by_policy[0].decoders.age_slope, by_policy[1].decoders.age_slope)]
+    assert ratio == pytest.approx([c / 0.1] * 3)
