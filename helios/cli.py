@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -38,6 +38,8 @@ def run(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless told otherwise)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     policy: str = typer.Option("balanced", "--scheduler-policy", help="balanced | throughput."),
+    choices: Optional[List[str]] = typer.Option(
+        None, "--scheduler-choice", help="FIELD=0|1, a price-flow choice of the policy (repeatable; docs/scheduling-utility.md)."),
     alpha: Optional[float] = typer.Option(None, "--mtp-adaptive-verification-alpha", help="Finite, > 0."),
     speculation: str = typer.Option("adaptive", "--speculation", help="off | fixed | adaptive."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this bearer token (or set FLARE_API_KEY)."),
@@ -68,7 +70,8 @@ def run(
         options = RunOptions(catalog, host, port, policy, alpha, speculation,
                              api_key, threads, speculative_width, dump_estimates, trust_catalog=trust_catalog,
                              max_waiting=max_waiting, queue_timeout=queue_timeout,
-                             log_requests=not disable_log_requests, log_stats_interval=log_stats_interval)
+                             log_requests=not disable_log_requests, log_stats_interval=log_stats_interval,
+                             choices=tuple(choices or ()))
         serve_catalog(options)
     except (LaunchError, CatalogError) as exc:
         stderr.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)

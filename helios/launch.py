@@ -24,7 +24,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +33,7 @@ from flare_contract.manifest import FORMAT_VERSION
 from helios.catalog.load import Catalog, CatalogError, load
 from helios.runtime.engine import EngineConfig, HeliosEngine, select_programs
 from helios.sim.estimates import estimates_document, write_estimates
-from helios.scheduler.config import POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
+from helios.scheduler.config import CHOICE_FIELDS, POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
 from helios.runtime.waiting import DEFAULT_MAX_WAITING
 
 log = logging.getLogger("flare.run")
@@ -64,6 +64,9 @@ class RunOptions:
     queue_timeout: float | None = None  # seconds a request may wait for a slot (None: no limit)
     log_requests: bool = True  # an access-log line on stdout per finished request (--disable-log-requests)
     log_stats_interval: float = 10.0  # seconds between stats lines on stdout; 0: none (--log-stats-interval)
+    # --scheduler-choice FIELD=0|1: PolicyConfig's price-flow choices (docs/scheduling-utility.md,
+    # "Departures from the spec"), applied after the preset
+    choices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_PRESETS:
@@ -90,8 +93,11 @@ class RunOptions:
             raise LaunchError(f"--dump-estimates {self.dump_estimates}: folder {self.dump_estimates.parent} "
                               "does not exist")
 
+        parse_choices(self.choices)
+
     def policy_config(self) -> PolicyConfig:
-        return PolicyConfig.preset(self.policy, adaptive_verification_alpha=self.alpha)
+        preset = PolicyConfig.preset(self.policy, adaptive_verification_alpha=self.alpha)
+        return replace(preset, **parse_choices(self.choices))
 
     def engine_config(self, catalog: Catalog) -> EngineConfig:
         """Threads default to every core: the device worker's program calls are the hot path."""
@@ -107,6 +113,18 @@ class RunOptions:
         except ValueError as exc:
             width = "" if self.speculative_width is None else f" --speculative-width {self.speculative_width}"
             raise LaunchError(f"--speculation {self.speculation}{width}: {exc}") from None
+
+
+def parse_choices(items) -> dict[str, int]:
+    """``--scheduler-choice FIELD=0|1`` items as PolicyConfig overrides; a bad item is a LaunchError."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in CHOICE_FIELDS or value not in ("0", "1"):
+            raise LaunchError(f"--scheduler-choice {item!r}: expected FIELD=0 or FIELD=1 with FIELD one of "
+                              f"{', '.join(CHOICE_FIELDS)}")
+        out[name] = int(value)
+    return out
 
 
 # ---------------------------------------------------------------------------

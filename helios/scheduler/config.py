@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
-CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share")
+CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -35,6 +35,13 @@ class PolicyConfig:
     # prompt hold the device for hundreds of ms while streams wait, U6).
     token_rate_by_value: int = 0  # 1: x counts a prompt token as 1/beta output token (0: one for one)
     prompt_chunk_share: int = 1  # a chunk leaving prompt behind earns its time share of the prompt (0: its tokens)
+    # 1: where the catalog has mixed programs, a program that leaves work waiting (decoders outside its
+    # batch, prompts beside a decode round) scores no more than itself followed by that work's own
+    # frame (0: its own value rate, U6's text; docs/scheduling-utility.md, "The deferred round")
+    prefill_defers_decode: int = 1
+    # 1: each decoder's age price is at least beta / sigma^2 (its output value per reference interval,
+    # per reference interval; 0: decode_age_price alone, Y1's 0.1)
+    age_price_by_cadence: int = 0
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05
@@ -85,7 +92,7 @@ class PolicyConfig:
             config = cls()
         elif name == "throughput":
             # keeps token fairness and output-token value; drops cadence preferences
-            config = cls(delivery_fairness=0.0, decode_age_price=0.0)
+            config = cls(delivery_fairness=0.0, decode_age_price=0.0, prefill_defers_decode=0, age_price_by_cadence=0)
         else:
             raise ValueError(f"unknown scheduler policy {name!r}; expected one of {', '.join(POLICY_PRESETS)}")
         overrides = {

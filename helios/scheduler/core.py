@@ -85,7 +85,7 @@ from helios.scheduler.speculation import (
     ProposalDraws,
     RequestAcceptance,
 )
-from helios.scheduler.utility import decision_log_scale
+from helios.scheduler.utility import decision_log_scale, decode_age_price
 from helios.scheduler.types import (
     AdmitRequest,
     CompletionRecord,
@@ -213,6 +213,7 @@ class Scheduler:
         self._timing = CatalogTiming(self.graphs, self.cost)  # per-graph timings and normalizer, kept current
         # the last reference intervals (U5): (timing list, decoders per family, sigma per family)
         self._sigmas: tuple[Sequence[GraphTiming], dict, dict] | None = None
+        self._full_cadence: tuple[Sequence[GraphTiming], float | None] | None = None  # (timings, d) of ``_full_cadence_ms``
         self.now_ns = 0
         self._slots: list[RequestState | None] = [None] * request_slots
         self._generation = 0
@@ -533,6 +534,8 @@ class Scheduler:
         c, beta, f, g = policy.decode_age_price, policy.output_token_value, policy.token_fairness, policy.delivery_fairness
         projected = self._queue.project(states)  # A10: rates and age references at the queue's end
         rates, deliveries, references = projected.token_rates, projected.delivery_rates, projected.reference_ns
+        if policy.age_price_by_cadence:
+            c = decode_age_price(c, beta, self._full_cadence_ms(timings))
         if len(counts) == 1:  # one delivery family: one sigma
             sigma = sigmas.get(next(iter(counts)))
             slope, first = (c * sigma, 1.0 / sigma) if sigma else (0.0, 1.0)
@@ -576,7 +579,19 @@ class Scheduler:
         # P6: every held terminal's age coefficient enters every candidate's waiting cost
         waiting = c * len(states) + policy.terminal_age_price * held if held else c * len(states)
         return Population(dec, prm, waiting, policy.adaptive_verification_alpha,
-                              ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0)
+                              ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0,
+                              defers_decode=bool(policy.prefill_defers_decode))
+
+    def _full_cadence_ms(self, timings) -> float | None:
+        """sigma of a plain decoder when every request slot decodes (U5 with K = k = slots): the catalog's
+        full-batch decode cadence, which ``PolicyConfig.age_price_by_cadence`` prices the age by."""
+        cached = self._full_cadence
+        if cached is not None and cached[0] is timings:
+            return cached[1]
+        slots = self.request_slots
+        sigma = reference_interval_ms(slots, slots, self._timing.fastest_shapes(DeliveryFamily(None), timings))
+        self._full_cadence = (timings, sigma)
+        return sigma
 
     def _snapshot_cut(self, s: RequestState, position: int, timings) -> int | None:
         """K2: the next armed snapshot point before the prompt's end (arming once costs are known), or None."""

@@ -114,6 +114,21 @@ def decode_lane_value(
     return expected_tokens * token_price + delivery_price + age_coefficient * age_ms
 
 
+def decode_age_price(c: float, beta: float, cadence_ms: float | None) -> float:
+    """The age price c (U6), value/ms^2, priced by the catalog's cadence: at least beta / d^2.
+
+    ``PolicyConfig.age_price_by_cadence`` (docs/scheduling-utility.md, "The age price from first
+    principles"): ``cadence_ms`` is d, the reference interval (U5) of a plain decoder when every
+    request slot decodes. A stream served every d ms receives output worth beta per d; at
+    c = beta / d^2 a stream that has waited one such interval costs, per ms, what its output is worth
+    per ms. Tied to the catalog's own decode duration, it transfers between catalogs; the policy's c
+    stays the floor, and an unmeasured cadence leaves it as it is.
+    """
+    if cadence_ms:
+        return max(c, beta / (cadence_ms * cadence_ms))
+    return c
+
+
 def value_rate(served_value: float, duration_ms: float, active_age_price: float) -> float:
     """The selection objective for a graph of known duration T (U6).
 

@@ -146,10 +146,20 @@ def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(requ
     ({"threads": 0}, "--threads"),
     ({"speculative_width": 0}, "--speculative-width must be >= 1"),
     ({"dump_estimates": Path("/nonexistent-folder/estimates.yaml")}, "does not exist"),
+    ({"choices": ("prefill_defers_decode=2",)}, "FIELD=0 or FIELD=1"),
+    ({"choices": ("decode_age_price=1",)}, "token_rate_by_value, prompt_chunk_share, prefill_defers_decode"),
+    ({"choices": ("prefill_defers_decode",)}, "FIELD=0 or FIELD=1"),
 ])
 def test_run_options_refuse_bad_flags_naming_the_allowed_values(flags, complaint):
     with pytest.raises(LaunchError, match=re.escape(complaint)):
         RunOptions(**flags)
+
+
+def test_scheduler_choices_reach_the_policy_after_the_preset():
+    options = RunOptions(policy="throughput", choices=("prefill_defers_decode=1", "token_rate_by_value=1"))
+    policy = options.policy_config()
+    assert (policy.prefill_defers_decode, policy.token_rate_by_value, policy.decode_age_price) == (1, 1, 0.0)
+    assert RunOptions(choices=("prompt_chunk_share=0",)).policy_config().prompt_chunk_share == 0
 
 
 def test_a_bad_flag_is_one_line_on_stderr_and_exit_2(tmp_path):

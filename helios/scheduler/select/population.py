@@ -95,3 +95,6 @@ class Population:
     ordered: bool = False
     uniform_slope: bool = False
     positive: bool = False
+    # ``PolicyConfig.prefill_defers_decode``: charge a prefill-only program the decode round it defers
+    # (``scorers.charge_deferred_round``); False, as for a population built elsewhere, is U6's own rate
+    defers_decode: bool = False

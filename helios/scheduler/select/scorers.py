@@ -23,6 +23,8 @@ from helios.scheduler.select.rankings import DecodeRanking, PromptRanking, Promp
 from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.utility import optimistic_work_score
 
+from helios.scheduler.select.catalog import GroupKind
+
 if TYPE_CHECKING:
     from helios.scheduler.select.catalog import Group
 
@@ -197,3 +199,88 @@ def mixed_entry(sel: DecisionRankings, index: int, graph: GraphDescriptor, timin
     if best is None:
         return None
     return (not timing.known, best), index, r if row is None else PromptRow(r, prompts, row)
+
+
+
+def charge_deferred_round(sel: DecisionRankings, graphs, groups, out: Out) -> None:
+    """Score each measured program at most as itself followed by the frames of the work it leaves waiting.
+
+    ``PolicyConfig.prefill_defers_decode`` (docs/scheduling-utility.md, "The deferred round"): a
+    program that serves k of the n decoders (none for a prefill) leaves n - k waiting, and they still
+    take a plain decode round of their own (the fastest measured one holding them); a program with
+    no prompt row leaves the prompts waiting, and the best measured prefill-only candidate of this
+    decision runs later. Its score is the lower of its own U6 rate and the rate of that sequence,
+    ``(N + N_rest) / (T + T_rest)`` minus the waiting cost over ``T + T_rest`` (N: a U6 numerator; the
+    left-out decoders' age credits at ``T + T_rest``). The order of U6 between a program and the work
+    it defers is kept (the sequence's rate lies between the two); a mixed program that does both in
+    less time than the two frames, or one full batch instead of two partial ones, wins. Applied only
+    where the catalog has a mixed program with a prompt row (P7): without one nothing merges, and the
+    charge would only favour longer prefill chunks. Only measured candidates are touched; unknown
+    durations keep U8's optimistic work.
+    """
+    if not any(group.kind is GroupKind.MIXED and group.prefill_capacity for group in groups):
+        return  # nothing can carry a chunk beside decoders: the pair would only reorder prefill sizes
+    plain = sel.decode_ranking(None, 1)
+    n = plain.size
+    if n == 0:
+        return
+    rest_ms = _rest_round_ms(sel, groups, n)
+    prefix, slopes = plain.ranked.prefix, plain.slope_prefix
+    scores, payloads, durations, active = out.scores, out.payloads, sel.t_ms, sel.pop.active_age_price
+    prompt_n, prompt_t = _best_prompt_frame(sel, groups, out)
+    charged = []
+    for index, own in enumerate(scores):
+        if own == MISSING:
+            continue
+        payload = payloads[index]
+        served = payload.decoders_served(graphs[index]) if hasattr(payload, "decoders_served") else 0
+        t = durations[index]
+        numerator, total = (own + 0.5 * t * active) * t, t
+        if served < n and rest_ms[n - served] > 0.0:
+            t_rest = rest_ms[n - served]
+            total += t_rest
+            numerator += prefix[n] - prefix[served]
+            late_slope = slopes[n] - slopes[served]
+        else:
+            late_slope = 0.0
+        if prompt_t > 0.0 and type(payload) is DecodeRanking:  # no prompt row: the prompt's frame comes after
+            numerator += prompt_n
+            total += prompt_t
+        if total == t:
+            continue
+        pair = rate(numerator + late_slope * total, 0.0, total, active)
+        if pair < own:
+            charged.append((index, pair))
+    for index, pair in charged:
+        scores[index] = pair
+
+
+def _best_prompt_frame(sel: DecisionRankings, groups, out: Out) -> tuple[float, float]:
+    """The U6 numerator and duration of the best measured prefill-only candidate (0.0 duration: none)."""
+    best, best_t = MISSING, 0.0
+    scores, durations, active = out.scores, sel.t_ms, sel.pop.active_age_price
+    for group in groups:
+        if group.kind is GroupKind.PREFILL:
+            for index in group.members:
+                if scores[index] > best:
+                    best, best_t = scores[index], durations[index]
+    if best == MISSING:
+        return 0.0, 0.0
+    return (best + 0.5 * best_t * active) * best_t, best_t
+
+
+def _rest_round_ms(sel: DecisionRankings, groups, n: int) -> list[float]:
+    """Per count m <= n: the fastest measured plain decode program holding m rows (0.0: none)."""
+    best = [0.0] * (n + 1)
+    durations = sel.t_ms
+    for group in groups:
+        if group.kind is not GroupKind.RECTANGULAR or group.source is not None or group.width != 1:
+            continue
+        for index, batch in group.batches:
+            t = durations[index]
+            if t <= 0.0:
+                continue
+            for m in range(1, min(batch, n) + 1):
+                if best[m] == 0.0 or t < best[m]:
+                    best[m] = t
+    return best

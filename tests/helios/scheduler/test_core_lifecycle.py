@@ -296,9 +296,10 @@ def test_A13_a_decode_only_mixed_frame_still_needs_completion_feedback():
     """A13 makes every mixed submission wait for its completion, with or without a prompt row.
     Here the mixed program is the fastest way to serve two decoders and carries no prompt, yet
     its plan needs feedback and nothing is queued behind it until it completes. (Its 8-token
-    prompt row is too small to take the prefills from P64.)"""
+    prompt row is too small to take the prefills from P64 by U6's own rate; the deferred round,
+    which would send the second prompt into that row beside the first decoder, is off here.)"""
     M = mixed(4, 8)
-    s = measured({P64: 4.0, D1: 3.0, D2: 3.5, M: 2.5})
+    s = measured({P64: 4.0, D1: 3.0, D2: 3.5, M: 2.5}, policy=PolicyConfig(prefill_defers_decode=0))
     (a, b), fence = decoding(s, 2)
     fence += 1
     plan = commit_next(s, fence)
