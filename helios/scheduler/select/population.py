@@ -95,3 +95,6 @@ class Population:
     ordered: bool = False
     uniform_slope: bool = False
     positive: bool = False
+    # Prompters whose prompt must be scored (``AdmitRequest.scored_prompt``): ranked only for
+    # SCORED_PREFILL programs, as ``prompters`` are for prefill and mixed ones (None: nobody)
+    scored: Prompters | None = None
