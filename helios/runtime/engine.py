@@ -784,7 +784,7 @@ class HeliosEngine:
         expected = len(live.request.prompt_token_ids) - 1
         if len(live.prompt_scores) != expected:
             raise RuntimeError(f"the scored prefill scored {len(live.prompt_scores)} prompt tokens of {expected}")
-        return (None, *_trimmed(live.prompt_scores, top))
+        return (None, *(replace(lp, top=lp.top[:top], rank=_rank(lp)) for lp in live.prompt_scores))
 
     def _text_tokens(self, live: Live, token: GeneratedToken) -> tuple[int, ...]:
         """The tokens whose text is output: all but a final stop_token_ids id, unless asked."""
@@ -840,6 +840,11 @@ def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout:
 def _trimmed(logprobs: Sequence[TokenLogprob], top: int) -> list[TokenLogprob]:
     """Each token's logprob with the request's number of alternatives."""
     return [replace(lp, top=lp.top[:top]) for lp in logprobs]
+
+
+def _rank(score: TokenLogprob) -> int | None:
+    """A scored token's rank among the programs' best alternatives (None: beyond them)."""
+    return next((i + 1 for i, a in enumerate(score.top) if a.token_id == score.token_id), None)
 
 
 def _unmeasured(dispatched_ns: int) -> ExecutionTiming:

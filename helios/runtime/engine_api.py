@@ -164,6 +164,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[Alternative, ...]  # most likely first; the programs report MAX_TOP_LOGPROBS
+    rank: int | None = None  # prompt scores: the token's rank (1: most likely) when among the programs' top
 
 
 @dataclass(frozen=True, slots=True)
