@@ -431,6 +431,7 @@ class Simulation:
             max_tokens=spec.max_tokens,
             context_limit=spec.prompt_tokens + spec.max_tokens,
             proposal_sources=(spec.proposal_source,),
+            scored_prompt=spec.scored_prompt,
         )
         try:
             request.handle = self.scheduler.admit(admit)
