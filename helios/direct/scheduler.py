@@ -21,12 +21,13 @@ callback (``--verbose`` logs it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from flare_contract.graphs import GraphDescriptor
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.direct import select
 from helios.direct.cost import MovingAverageCost
 from helios.scheduler.config import PolicyConfig
@@ -87,11 +88,13 @@ class DirectSelector:
         self._scored: Sequence[select.Candidate] = ()  # the last selection's decode candidates
 
     def select(self, timings: Sequence[GraphTiming], population: Population) -> Choice | None:
-        prompters = population.prompters
-        chunk = select.chunk_program(self.graphs, prompters.remaining[0]) if prompters else None
-        if chunk is not None:
-            self._scored = ()
-            return self._prefill_choice(chunk, timings[self.graphs.index(chunk)], population)
+        for kind, prompters in ((GraphKind.PREFILL, population.prompters),
+                                (GraphKind.SCORED_PREFILL, population.scored)):
+            chunk = select.chunk_program(self.graphs, prompters.remaining[0], kind) if prompters else None
+            if chunk is not None:
+                self._scored = ()
+                return self._prefill_choice(chunk, timings[self.graphs.index(chunk)],
+                                            dataclasses.replace(population, prompters=prompters))
         best, self._scored = select.best_decode(self.graphs, timings, population)
         return None if best is None else select.as_choice(best)
 

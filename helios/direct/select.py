@@ -253,9 +253,11 @@ def _recency(pop: Population, chosen: Sequence[_Lane]) -> int:
 # ---------------------------------------------------------------------------
 
 
-def chunk_program(graphs: Sequence[GraphDescriptor], remaining: int) -> GraphDescriptor | None:
-    """The largest prefill capacity the prompt fills, else the smallest (a tail); one row is enough."""
-    prefills = [g for g in graphs if g.kind is GraphKind.PREFILL]
+def chunk_program(graphs: Sequence[GraphDescriptor], remaining: int,
+                  kind: GraphKind = GraphKind.PREFILL) -> GraphDescriptor | None:
+    """The largest prefill capacity (of ``kind``: scored prompts take SCORED_PREFILL programs, spec C1) the
+    prompt fills, else the smallest (a tail); one row is enough."""
+    prefills = [g for g in graphs if g.kind is kind]
     if not prefills:
         return None
     fitting = [g for g in prefills if g.prefill_capacity <= remaining]

@@ -187,6 +187,8 @@ class Live:
     output: list[int] = field(default_factory=list)  # committed output tokens
     unreported: list[int] = field(default_factory=list)  # token ids not yet carried by a delta
     unreported_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, when the request asked
+    prompt_scores: list[TokenLogprob] = field(default_factory=list)  # scored prompt tokens 1.. so far (C1)
+    prompt_reported: bool = False  # the prompt's scores went out (on the first delta)
     done: bool = False  # its last delta (or failure) was delivered
 
     def history(self) -> list[int]:
@@ -330,6 +332,11 @@ class HeliosEngine:
         raw = Tokenizer.from_file(str(self.catalog.tokenizer_path / "tokenizer.json"))
         return frozenset(i for i in (raw.token_to_id(s) for s in EOS_SPELLINGS) if i is not None)
 
+    @property
+    def scores_prompts(self) -> bool:
+        """Whether prompt logprobs can be served: a scored-prefill program is loaded (spec C1)."""
+        return any(g.kind is GraphKind.SCORED_PREFILL for g in self.scheduler.graphs)
+
     def _graphs(self) -> tuple[GraphDescriptor, ...]:
         return select_programs(self.catalog.descriptors, self.config.speculation, self.config.speculative_width)
 
@@ -398,6 +405,9 @@ class HeliosEngine:
         if not self._accepting:
             raise EngineUnavailable("the server is shutting down and admits no new requests")
         self._check_fits(request)
+        if request.prompt_logprobs is not None and not self.scores_prompts:
+            raise RequestRejected("scoring the prompt needs a scored_prefill program, and the loaded catalog has "
+                                  "none", "prompt_logprobs")
         self._waiting.reserve(self.scheduler.request_slots - len(self._by_slot))  # EngineOverloaded: a 503
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
@@ -612,6 +622,7 @@ class HeliosEngine:
             prompt_tokens=len(request.prompt_token_ids), max_tokens=request.max_tokens,
             context_limit=self.context_length, endpoints=request.endpoints,
             proposal_sources=self._sources if speculate else (), greedy=request.sampling.greedy,
+            scored_prompt=request.prompt_logprobs is not None,
         )
 
     def _fill_frames(self) -> None:
@@ -698,12 +709,21 @@ class HeliosEngine:
             generated = self._retire_fence(event.fence, plan, timing)
         self._count(plan, records, timing)
         logprobs = (event.result.logprobs if event.result is not None else None) or {}
+        self._gather_prompt_scores(event)
         for token in generated:
             self._publish_or_fail(self._by_slot[token.handle.slot], token, logprobs.get(token.handle, ()))
         for lane in plan.lanes:
             live = self._by_slot.get(lane.handle.slot)
             if live is not None and live.handle == lane.handle:
                 self._release_if_idle(live)
+
+    def _gather_prompt_scores(self, event: _Finished) -> None:
+        """A scored prefill's chunk scores, kept on its request until its first delta (chunks complete in order)."""
+        scores = (event.result.prompt_logprobs if event.result is not None else None) or {}
+        for handle, chunk in scores.items():
+            live = self._by_slot.get(handle.slot)
+            if live is not None and live.handle == handle and live.request.prompt_logprobs is not None:
+                live.prompt_scores.extend(chunk)
 
     def _complete(self, fence: int, plan: ScheduledPlan, records, timing: ExecutionTiming) -> list[GeneratedToken]:
         """The completion call the program's value source and sidecars ask for (spec "Planning and the execution queue")."""
@@ -762,7 +782,8 @@ class HeliosEngine:
             reason = FinishReason.STOP if tail.stopped or token.finish_reason == "stop" else FinishReason.LENGTH
         if not text and reason is None:
             return  # held back: no visible output yet, so no delivery is reported
-        delta = TextDelta(text, tuple(live.unreported), reason, tuple(live.unreported_logprobs))
+        delta = TextDelta(text, tuple(live.unreported), reason, tuple(live.unreported_logprobs),
+                          self._prompt_report(live))
         live.unreported.clear()
         live.unreported_logprobs.clear()
         if text:
@@ -771,6 +792,17 @@ class HeliosEngine:
             live.deliver(delta)
         else:
             self._end(live, delta)
+
+    def _prompt_report(self, live: Live) -> tuple[TokenLogprob | None, ...]:
+        """Every prompt token's score for the request's first delta (None for the first token); then nothing."""
+        top = live.request.prompt_logprobs
+        if top is None or live.prompt_reported:
+            return ()
+        live.prompt_reported = True
+        expected = len(live.request.prompt_token_ids) - 1
+        if len(live.prompt_scores) != expected:
+            raise RuntimeError(f"the scored prefill scored {len(live.prompt_scores)} prompt tokens of {expected}")
+        return (None, *(replace(lp, top=lp.top[:top], rank=_rank(lp)) for lp in live.prompt_scores))
 
     def _text_tokens(self, live: Live, token: GeneratedToken) -> tuple[int, ...]:
         """The tokens whose text is output: all but a final stop_token_ids id, unless asked."""
@@ -826,6 +858,11 @@ def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout:
 def _trimmed(logprobs: Sequence[TokenLogprob], top: int) -> list[TokenLogprob]:
     """Each token's logprob with the request's number of alternatives."""
     return [replace(lp, top=lp.top[:top]) for lp in logprobs]
+
+
+def _rank(score: TokenLogprob) -> int | None:
+    """A scored token's rank among the programs' best alternatives (None: beyond them)."""
+    return next((i + 1 for i, a in enumerate(score.top) if a.token_id == score.token_id), None)
 
 
 def _unmeasured(dispatched_ns: int) -> ExecutionTiming:

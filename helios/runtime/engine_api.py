@@ -126,17 +126,22 @@ class GenerationRequest:
     ignore_eos: bool = False  # the end-of-sequence ids do not end the request
     stop_token_ids: tuple[int, ...] = ()  # further ids that end it (the id is output; its text only with
     include_stop_str_in_output: bool = False  # ... this, which also keeps a matched stop string in the text)
+    # Scored prefill (spec C1): report every prompt token's logprob (the first is None) and this many
+    # alternatives, on the request's first delta; max_tokens may then be 0 (no output, only the scores)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError("a generation request needs at least one prompt token")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
+            raise ValueError(f"max_tokens must be >= 1 (>= 0 with prompt_logprobs), got {self.max_tokens}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         assert all(0 < e <= len(self.prompt_token_ids) for e in self.endpoints), "endpoints lie inside the prompt"
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.prompt_logprobs}")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be in 0..max_tokens ({self.max_tokens}), got {self.min_tokens}")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
@@ -159,6 +164,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[Alternative, ...]  # most likely first; the programs report MAX_TOP_LOGPROBS
+    rank: int | None = None  # prompt scores: the token's rank (1: most likely) when among the programs' top
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +175,8 @@ class TextDelta:
     token_ids: tuple[int, ...] = ()
     finish_reason: FinishReason | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked for logprobs
+    # the request's first delta, when it asked for prompt_logprobs: one per prompt token, the first None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

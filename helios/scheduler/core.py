@@ -268,6 +268,8 @@ class Scheduler:
 
     def admit(self, request: AdmitRequest) -> RequestHandle:
         _validate_admission(request)
+        if request.scored_prompt and not any(g.kind is GraphKind.SCORED_PREFILL for g in self.graphs):
+            raise ValueError("a scored prompt needs a scored_prefill program, and the catalog has none")
         slot = next((i for i, s in enumerate(self._slots) if s is None), None)
         if slot is None:
             raise ValueError(f"no free request slot (all {self.request_slots} are owned)")
@@ -559,19 +561,21 @@ class Scheduler:
             gains=[s.gains for s in states],
             estimates=[s.estimates for s in states],
         )
-        prm = Prompters(times=self._timing.prefill_times(timings) if policy.prompt_chunk_share else None)
+        times = self._timing.prefill_times(timings) if policy.prompt_chunk_share else None
+        prm, scored = Prompters(times=times), Prompters(times=times)
         for s, room in prompting:
             handle, x = s.handle, self._queue.projected_token_rate(s)
             congestion = f / x
             position = s.prompt_done
             cut = self._snapshot_cut(s, position, timings)  # K2: an armed point ends this prompt's lanes
-            prm.handle.append(handle)
-            prm.start.append(position)
-            prm.remaining.append((cut or s.request.prompt_tokens) - position)
-            prm.to_endpoint.append(s.next_endpoint_distance(position))
-            prm.price.append(1.0 + congestion)
-            prm.first_token.append(beta + congestion if room > 0 and not cut else 0.0)
-            prm.recency.append(s.last_selected_ns)
+            into = scored if s.request.scored_prompt else prm  # scored prompts run only in scored programs (C1)
+            into.handle.append(handle)
+            into.start.append(position)
+            into.remaining.append((cut or s.request.prompt_tokens) - position)
+            into.to_endpoint.append(s.next_endpoint_distance(position))
+            into.price.append(1.0 + congestion)
+            into.first_token.append(beta + congestion if room > 0 and not cut else 0.0)
+            into.recency.append(s.last_selected_ns)
         # vouched for (select.population.Population): both lists follow ``live``, least recently selected first;
         # one family shares one slope; with beta > 0 every token price is positive (the other
         # preferences are >= 0, PolicyConfig checks, so delivery prices and age credits are too)
@@ -580,7 +584,8 @@ class Scheduler:
         waiting = c * len(states) + policy.terminal_age_price * held if held else c * len(states)
         return Population(dec, prm, waiting, policy.adaptive_verification_alpha,
                               ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0,
-                              defers_decode=bool(policy.prefill_defers_decode))
+                              defers_decode=bool(policy.prefill_defers_decode),
+                              scored=scored if scored.handle else None)
 
     def _full_cadence_ms(self, timings) -> float | None:
         """sigma of a plain decoder when every request slot decodes (U5 with K = k = slots): the catalog's
@@ -800,15 +805,16 @@ class Scheduler:
                 state.ops.due = state.prompt_done  # K2: the snapshot runs before the prompt continues
         else:
             self._observe_acceptance(state, lane, plan.graph, record, sidecar or (None, None))
-        state.produced += len(record.tokens)
+        tokens = record.tokens if state.output_cap else ()  # max_tokens 0: the prompt's first token is not output
+        state.produced += len(tokens)
         reason = self._finish_reason(state, record)
         if reason is not None:
             state.finished = True
             if state.request.terminal_snapshot:
                 state.ops.terminal_since_ns = self.now_ns  # P6: age from validated termination
-        if not record.tokens and reason is None:
+        if not tokens and reason is None:
             return None
-        return GeneratedToken(state.handle, fence, tuple(record.tokens), reason is not None, reason)
+        return GeneratedToken(state.handle, fence, tuple(tokens), reason is not None, reason)
 
     def _observe_acceptance(self, state: RequestState, lane: PlannedLane, graph: GraphDescriptor,
                             record: CompletionRecord, sidecar) -> None:
@@ -833,9 +839,12 @@ class Scheduler:
         self._refresh_survival(state)
 
     def _finish_reason(self, state: RequestState, record: CompletionRecord) -> str | None:
-        if record.terminated:
-            return "stop"
         r = state.request
+        if state.prompt_done < r.prompt_tokens:
+            return None  # a prompt chunk: nothing is output yet (max_tokens 0 ends only with the prompt)
+        if record.terminated and state.output_cap:
+            return "stop"
+
         if state.produced >= r.max_tokens or r.prompt_tokens + state.produced >= r.context_limit:
             return "length"
         return None
@@ -887,8 +896,10 @@ def _check_catalog(graphs: Sequence[GraphDescriptor], request_slots: int, specul
 def _validate_admission(r: AdmitRequest) -> None:
     if r.prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be >= 1, got {r.prompt_tokens}")
-    if r.max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {r.max_tokens}")
+    if r.max_tokens < (0 if r.scored_prompt else 1):
+        raise ValueError(f"max_tokens must be >= 1 (>= 0 for a scored prompt), got {r.max_tokens}")
+    if r.scored_prompt and (r.cached_tokens or r.restore_row >= 0):
+        raise ValueError("a scored prompt scores every position: cached_tokens must be 0 and nothing restored")
     if r.context_limit <= r.prompt_tokens:
         raise ValueError(f"context_limit ({r.context_limit}) must exceed prompt_tokens ({r.prompt_tokens})")
     if not 0 <= r.cached_tokens <= r.prompt_tokens:

@@ -60,6 +60,9 @@ class AdmitRequest:
     restore_row: int = -1  # >= 0: a retained checkpoint holding the first cached_tokens; restore runs first
     snapshot_points: tuple[int, ...] = ()  # K1 anchors (prompt lengths, best first) worth capturing
     terminal_snapshot: bool = False  # capture prompt + output when generation ends (P6)
+    # Scored prefill (spec C1): the prompt runs only in SCORED_PREFILL programs, which return every
+    # prompt position's logprob; max_tokens may then be 0 (the request ends when its prompt is consumed)
+    scored_prompt: bool = False
 
 
 @dataclass(slots=True)

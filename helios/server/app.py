@@ -245,7 +245,8 @@ class _Routes:
             for i, choice in enumerate(prepared.choices))
         formats = tuple(None if c.generation.logprobs is None else endpoint.logprobs(self.engine.tokenizer, c.generation.logprobs)
                         for c in prepared.choices)  # one each: a completion's text offsets run on per choice
-        return ChoiceSet(generations, tuple(c.prefix for c in prepared.choices), prepared.prompt_tokens, formats)
+        return ChoiceSet(generations, tuple(c.prefix for c in prepared.choices), prepared.prompt_tokens, formats,
+                         echoes=tuple(c.echo for c in prepared.choices), prompt_top=prepared.prompt_logprobs)
 
     async def _respond_whole(self, request: Request, choices: ChoiceSet, shape: ResponseShape, header: ResponseHeader) -> Response:
         try:

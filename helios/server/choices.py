@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from helios.runtime.engine_api import GenerationFailed, TextDelta
 from helios.server.errors import generation_failed
 from helios.server.generation import Generation
-from helios.server.logprobs import LogprobsFormat
+from helios.server.logprobs import CompletionLogprobs, LogprobsFormat, prompt_logprobs_body
 from helios.server.responses import ChoiceResult, Usage
 
 ERROR_FINISH = "error"  # finish_reason of a choice the engine failed while other choices of its response did not
@@ -50,11 +50,40 @@ class ChoiceSet:
     prompt_tokens: int  # each prompt once (usage)
     formats: tuple[LogprobsFormat | None, ...] = ()  # per choice, when the request asked for logprobs
     failures: dict[int, GenerationFailed] = field(default_factory=dict)
+    echoes: tuple[bool, ...] = ()  # per choice: completions' echo (the prompt leads its first delta)
+    prompt_top: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token (None: not asked)
+    _echoed: set[int] = field(default_factory=set)  # choices whose stream already carried the prompt
+
+    def echoes_at_first_delta(self, index: int) -> bool:
+        return bool(self.echoes) and self.echoes[index]
 
     def logprobs(self, index: int, delta: TextDelta) -> dict | None:
         """A streamed delta's logprobs object for choice ``index`` (None unless the request asked)."""
         fmt = self.formats[index] if self.formats else None
         return None if fmt is None else fmt.body(delta.logprobs)
+
+    def streamed(self, index: int, delta: TextDelta) -> tuple[str, dict | None]:
+        """A streamed delta's text and logprobs; an echoing choice's first one leads with its prompt (vLLM)."""
+        if not self.echoes_at_first_delta(index) or index in self._echoed:
+            return delta.text, self.logprobs(index, delta)
+        self._echoed.add(index)
+        fmt = self.formats[index] if self.formats else None
+        return self.prefixes[index] + delta.text, self.echoed_logprobs(index, fmt, delta.prompt_logprobs,
+                                                                         delta.logprobs)
+
+    def echoed_logprobs(self, index: int, fmt: LogprobsFormat | None, prompt_scores, items) -> dict | None:
+        if fmt is None:
+            return None
+        assert isinstance(fmt, CompletionLogprobs), "only completions echo the prompt with its logprobs"
+        prompt = self.generations[index].request.prompt_token_ids
+        return fmt.echoed(prompt, prompt_scores, items)
+
+    def prompt_logprobs(self, index: int) -> list | None:
+        """vLLM's ``prompt_logprobs`` of choice ``index``'s prompt (None unless asked)."""
+        if self.prompt_top is None:
+            return None
+        generation = self.generations[index]
+        return prompt_logprobs_body(generation.engine.tokenizer, generation.prompt_logprobs, self.prompt_top)
 
     def submit(self) -> None:
         """Submit every choice, or none: a refusal withdraws those already submitted, then propagates."""
@@ -163,7 +192,11 @@ def _result(choices: ChoiceSet, index: int, text: str) -> ChoiceResult:
     reason = generation.finish_reason
     assert reason is not None, "a choice that did not fail has finished"
     fmt = choices.formats[index] if choices.formats else None
-    return ChoiceResult(index, text, reason.value, logprobs=None if fmt is None else fmt.body(generation.logprobs))
+    if choices.echoes_at_first_delta(index):
+        logprobs = choices.echoed_logprobs(index, fmt, generation.prompt_logprobs, generation.logprobs)
+    else:
+        logprobs = None if fmt is None else fmt.body(generation.logprobs)
+    return ChoiceResult(index, text, reason.value, logprobs=logprobs, prompt_logprobs=choices.prompt_logprobs(index))
 
 
 async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:

@@ -44,6 +44,7 @@ class Generation:
     completion_tokens: int = 0
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # every delta's, in order (when the request asked)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # the prompt's scores (the first delta's, when asked)
     _stream: AsyncIterator[TextDelta] | None = field(default=None, repr=False)
     _failure: Exception | None = None
     _closed: bool = False
@@ -85,6 +86,8 @@ class Generation:
     def _count(self, delta: TextDelta) -> None:
         self.completion_tokens += len(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
+        if delta.prompt_logprobs:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.clock.delivered(len(delta.token_ids))
         if delta.finish_reason is not None:
             self.clock.ended()

@@ -53,17 +53,46 @@ class CompletionLogprobs:
         self._offset = offset
 
     def body(self, items: Sequence[TokenLogprob]) -> dict:
+        return self.echoed((), (), items)
+
+    def echoed(self, prompt_ids: Sequence[int], prompt_scores: Sequence[TokenLogprob | None],
+               items: Sequence[TokenLogprob]) -> dict:
+        """The object over the echoed prompt's tokens, then the output's: a prompt token without a score
+        (the first) has null ``token_logprobs`` and ``top_logprobs`` entries, as in vLLM."""
+        entries = [*zip(prompt_ids, prompt_scores), *((item.token_id, item) for item in items)]
         tokens, offsets, tops = [], [], []
-        for item in items:
-            text = self._tokens.text(item.token_id)
+        for token_id, item in entries:
+            text = self._tokens.text(token_id)
             tokens.append(text)
             offsets.append(self._offset)
             self._offset += len(text)
-            top = {self._tokens.text(a.token_id): a.logprob for a in item.top[: self._top]}
-            top.setdefault(text, item.logprob)
-            tops.append(top)
-        return {"tokens": tokens, "token_logprobs": [item.logprob for item in items], "top_logprobs": tops,
-                "text_offset": offsets}
+            tops.append(None if item is None else self._top_of(text, item))
+        return {"tokens": tokens, "token_logprobs": [None if item is None else item.logprob for _, item in entries],
+                "top_logprobs": tops, "text_offset": offsets}
+
+    def _top_of(self, text: str, item: TokenLogprob) -> dict:
+        top = {self._tokens.text(a.token_id): a.logprob for a in item.top[: self._top]}
+        top.setdefault(text, item.logprob)
+        return top
+
+
+def prompt_logprobs_body(tokenizer: EngineTokenizer, scores: Sequence[TokenLogprob | None], top: int) -> list:
+    """vLLM's ``prompt_logprobs``: per prompt token None (the first) or ``{token id: {logprob, rank,
+    decoded_token}}``, the prompt token first, then the ``top`` best alternatives. ``rank`` is null for a
+    prompt token beyond the 20 alternatives the programs rank."""
+    tokens = _Tokens(tokenizer)
+    body: list = []
+    for item in scores:
+        if item is None:
+            body.append(None)
+            continue
+        entry = {str(item.token_id): {"logprob": item.logprob, "rank": item.rank,
+                                      "decoded_token": tokens.text(item.token_id)}}
+        for rank, a in enumerate(item.top[:top], start=1):
+            entry.setdefault(str(a.token_id), {"logprob": a.logprob, "rank": rank,
+                                               "decoded_token": tokens.text(a.token_id)})
+        body.append(entry)
+    return body
 
 
 class ChatLogprobs:

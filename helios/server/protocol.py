@@ -21,8 +21,10 @@ chat: ``logprobs: true`` with ``top_logprobs`` 0..20), the penalties,
 ``logit_bias`` (at most 300 token ids of the vocabulary, values in [-100,
 100]), ``min_p``, ``min_tokens`` (not with stop strings, which vLLM would not
 check before it), ``ignore_eos``, ``stop_token_ids`` and
-``include_stop_str_in_output`` are honoured; fields that would change the
-output in ways the engine cannot honour (completions echo, suffix, tools, and
+``include_stop_str_in_output`` are honoured, and so are completions' ``echo`` (the prompt's text, and
+with ``logprobs`` its scores, lead the answer; ``max_tokens`` may then be 0) and vLLM's
+``prompt_logprobs`` (both scored by the scored-prefill programs, spec C1); fields that would change the
+output in ways the engine cannot honour (suffix, tools, and
 the OpenAI and vLLM fields in ``UNHONOURED`` unless they carry the value that
 asks for nothing) are refused rather than silently ignored.
 
@@ -110,6 +112,7 @@ class _GenerationBody(_Body):
     ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: bool | None = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # vLLM's: scored prefill (spec C1)
 
     @field_validator("logit_bias")
     @classmethod
@@ -252,7 +255,6 @@ UNHONOURED: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),
     "length_penalty": (None, 1, 1.0),
     "use_beam_search": (None, False),
-    "prompt_logprobs": (None,),
     "truncate_prompt_tokens": (None,),
     "add_generation_prompt": (None, True),  # honoured by chat and /tokenize, which define it
     "continue_final_message": (None, False),  # honoured by chat
@@ -319,7 +321,8 @@ class Choice:
 
     index: int  # its place in ``choices``: prompt-major, then choice (OpenAI's order)
     generation: GenerationRequest
-    prefix: str = ""  # text the answer shows before the generated text (chat's echo)
+    prefix: str = ""  # text the answer shows before the generated text (chat's echo, completions' echoed prompt)
+    echo: bool = False  # completions' echo: the prompt's text, and its logprobs when asked, lead the first delta
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +334,7 @@ class PreparedRequest:
     prompt_tokens: int  # usage's prompt_tokens: each prompt once, however many choices it has
     stream: bool
     include_usage: bool
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token in the answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,10 +356,20 @@ class PromptPlan:
     prefix: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Scoring:
+    """What a request asks of the prompt: output logprobs, prompt scores (spec C1), and the echo."""
+
+    logprobs: int | None = None  # alternatives per output token (None: no logprobs)
+    prompt: int | None = None  # alternatives per prompt token the engine reports (None: the prompt is not scored)
+    echo: bool = False  # completions: the prompt leads each answer
+
+
 def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
     n = body.n or 1
-    _refuse_if(bool(body.echo), "echo", "echoing the prompt is not supported by this server")
+    _refuse_if(body.prompt_logprobs is not None and bool(body.stream), "prompt_logprobs",
+               "is not available with stream: true (as in vLLM); echo with logprobs streams the prompt's scores")
     _refuse_if(body.suffix is not None, "suffix", "suffixes (insertion) are not supported by this server")
     if body.best_of is not None and body.best_of < n:
         raise bad_request(f"Invalid 'best_of': must be at least n ({n}), got {body.best_of}.", "best_of", "invalid_value")
@@ -366,7 +380,10 @@ def prepare_completion(body: CompletionBody, limits: ModelLimits, request_id: st
                           f"than the {MAX_CHOICES} a request may ask for.", "n", "invalid_value")
     param = "prompt" if len(body.prompt) == 1 else "prompt.{}"
     plans = [_completion_plan(prompt, param.format(i), body, limits) for i, prompt in enumerate(body.prompt)]
-    return _prepared(body, limits, request_id, plans, body.logprobs)
+    echo = bool(body.echo)
+    # echo with logprobs scores the prompt with that many alternatives (vLLM), prompt_logprobs with its own
+    asked = [k for k in (body.prompt_logprobs, body.logprobs if echo else None) if k is not None]
+    return _prepared(body, limits, request_id, plans, Scoring(body.logprobs, max(asked, default=None), echo))
 
 
 def _completion_plan(prompt: str | tuple[int, ...], param: str, body: CompletionBody, limits: ModelLimits) -> PromptPlan:
@@ -377,11 +394,16 @@ def _completion_plan(prompt: str | tuple[int, ...], param: str, body: Completion
         ids = _checked_token_ids(prompt, param, limits.tokenizer.vocab_size)
     _check_prompt_fits(len(ids), param, limits)
     asked, which = _asked_max_tokens(body)
-    return PromptPlan(ids, _max_tokens(asked, which, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), limits.context_length))
+    max_tokens = _max_tokens(asked, which, COMPLETION_DEFAULT_MAX_TOKENS, len(ids), limits.context_length,
+                             least=0 if body.echo else 1)
+    echoed = "" if not body.echo else prompt if isinstance(prompt, str) else limits.tokenizer.decode(ids)
+    return PromptPlan(ids, max_tokens, prefix=echoed)
 
 
 def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> PreparedRequest:
     _check_common(body, limits)
+    _refuse_if(body.prompt_logprobs is not None and bool(body.stream), "prompt_logprobs",
+               "is not available with stream: true (as in vLLM)")
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("Invalid 'top_logprobs': it needs 'logprobs' set to true.", "top_logprobs", "invalid_value")
     _refuse_if(bool(body.tools), "tools", "tool calling is not supported by this server")
@@ -397,7 +419,8 @@ def prepare_chat(body: ChatBody, limits: ModelLimits, request_id: str) -> Prepar
     max_tokens = _max_tokens(asked, which, limits.context_length - len(ids), len(ids), limits.context_length)
     prefix = _echoed(messages, opens_turn) if body.echo else ""
     plan = PromptPlan(ids, max_tokens, _message_endpoints(messages, ids, limits.tokenizer, kwargs), prefix)
-    return _prepared(body, limits, request_id, [plan], (body.top_logprobs or 0) if body.logprobs else None)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return _prepared(body, limits, request_id, [plan], Scoring(logprobs, body.prompt_logprobs))
 
 
 def _echoed(messages: list[dict[str, str]], opens_turn: bool) -> str:
@@ -505,11 +528,13 @@ def _check_prompt_fits(prompt_tokens: int, param: str, limits: ModelLimits) -> N
             f"tokens, and prompt plus at least one output token must fit.", param, "context_length_exceeded")
 
 
-def _max_tokens(asked: int | None, param: str, default: int, prompt_tokens: int, context: int) -> int:
+def _max_tokens(asked: int | None, param: str, default: int, prompt_tokens: int, context: int, least: int = 1) -> int:
+    """The output bound; ``least`` 0 (completions with echo) lets the answer be the scored prompt alone."""
     if asked is None:
         return min(default, context - prompt_tokens)
-    if asked < 1:
-        raise bad_request(f"Invalid '{param}': must be at least 1, got {asked}.", param, "invalid_value")
+    if asked < least:
+        needs = " (0 only with echo)" if least else ""
+        raise bad_request(f"Invalid '{param}': must be at least {least}{needs}, got {asked}.", param, "invalid_value")
     if prompt_tokens + asked > context:
         raise bad_request(
             f"This model's context length is {context} tokens; the request has {prompt_tokens} prompt tokens "
@@ -519,7 +544,7 @@ def _max_tokens(asked: int | None, param: str, default: int, prompt_tokens: int,
 
 
 def _prepared(body: _GenerationBody, limits: ModelLimits, request_id: str, plans: list[PromptPlan],
-              logprobs: int | None) -> PreparedRequest:
+              scoring: Scoring) -> PreparedRequest:
     """``n`` engine requests per prompt, prompt-major; one choice keeps the response's id as its request id."""
     n = body.n or 1
     single = len(plans) * n == 1
@@ -533,14 +558,23 @@ def _prepared(body: _GenerationBody, limits: ModelLimits, request_id: str, plans
             index = p * n + j
             rid = request_id if single else f"{request_id}-{index}"
             generation = GenerationRequest(rid, plan.ids, plan.max_tokens, _sampling(body, limits, j), body.stop,
-                                           plan.endpoints, logprobs=logprobs, min_tokens=min_tokens,
+                                           plan.endpoints, logprobs=scoring.logprobs, min_tokens=min_tokens,
                                            ignore_eos=bool(body.ignore_eos),
                                            stop_token_ids=tuple(body.stop_token_ids or ()),
-                                           include_stop_str_in_output=bool(body.include_stop_str_in_output))
-            choices.append(Choice(index, generation, plan.prefix))
+                                           include_stop_str_in_output=bool(body.include_stop_str_in_output),
+                                           prompt_logprobs=_prompt_scores(scoring, plan))
+            choices.append(Choice(index, generation, plan.prefix, scoring.echo))
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return PreparedRequest(request_id, tuple(choices), sum(len(plan.ids) for plan in plans), bool(body.stream),
-                           include_usage)
+                           include_usage, body.prompt_logprobs)
+
+
+def _prompt_scores(scoring: Scoring, plan: PromptPlan) -> int | None:
+    """Alternatives per prompt token the engine reports; an answer of the prompt alone (max_tokens 0)
+    is the scored prompt ending, so it is scored even when nobody reads the scores."""
+    if scoring.prompt is None and plan.max_tokens == 0:
+        return 0
+    return scoring.prompt
 
 
 def _sampling(body: _GenerationBody, limits: ModelLimits, choice: int) -> SamplingParams:

@@ -24,6 +24,7 @@ class ChoiceResult:
     finish_reason: str
     error: dict | None = None  # {"message", "type", "param", "code"} of a choice that failed alone
     logprobs: dict | None = None  # the endpoint's logprobs object, when the request asked
+    prompt_logprobs: list | None = None  # vLLM's prompt_logprobs, when the request asked
 
     def body(self, content: dict) -> dict:
         """The choice with ``content`` (its ``text``, or its ``message``)."""
@@ -60,7 +61,7 @@ class CompletionShape:
     """``/v1/completions``: ``text_completion`` objects, text in ``choices[i].text``."""
 
     def full(self, header: ResponseHeader, results: list[ChoiceResult], usage: Usage) -> dict:
-        choices = [r.body({"text": r.text}) for r in results]
+        choices = [r.body({"text": r.text}) | _prompt_logprobs(r.prompt_logprobs) for r in results]
         return _envelope(header, "text_completion", choices) | {"usage": usage.body()}
 
     def first_chunk(self, header: ResponseHeader, index: int) -> dict | None:
@@ -81,7 +82,9 @@ class ChatShape:
 
     def full(self, header: ResponseHeader, results: list[ChoiceResult], usage: Usage) -> dict:
         choices = [r.body({"message": {"role": "assistant", "content": r.text}}) for r in results]
-        return _envelope(header, "chat.completion", choices) | {"usage": usage.body()}
+        # vLLM reports a chat request's prompt_logprobs once, beside its choices (they share the prompt)
+        scored = next((r.prompt_logprobs for r in results if r.prompt_logprobs is not None), None)
+        return _envelope(header, "chat.completion", choices) | {"usage": usage.body()} | _prompt_logprobs(scored)
 
     def first_chunk(self, header: ResponseHeader, index: int) -> dict | None:
         # OpenAI opens each choice of a chat stream with the role and empty content.
@@ -105,6 +108,10 @@ ResponseShape = CompletionShape | ChatShape
 
 def _envelope(header: ResponseHeader, obj: str, choices: list[dict]) -> dict:
     return {"id": header.id, "object": obj, "created": header.created, "model": header.model, "choices": choices}
+
+
+def _prompt_logprobs(scores: list | None) -> dict:
+    return {} if scores is None else {"prompt_logprobs": scores}
 
 
 def _error(error: dict | None) -> dict:

@@ -74,7 +74,7 @@ async def stream_events(choices: ChoiceSet, shape: ResponseShape, header: Respon
         first = shape.first_chunk(header, index)
         if first is not None:
             yield framed(first)
-        if prefix:  # chat's echo, as vLLM sends it: one chunk after the role
+        if prefix and not choices.echoes_at_first_delta(index):  # chat's echo, as vLLM sends it: one chunk after the role
             yield framed(shape.chunk(header, index, prefix, None))
     async for item in choices.events():
         if item.failure is not None:
@@ -84,8 +84,9 @@ async def stream_events(choices: ChoiceSet, shape: ResponseShape, header: Respon
             continue
         delta = item.delta
         reason = delta.finish_reason.value if delta.finish_reason else None
-        if delta.text or reason:
-            yield framed(shape.chunk(header, item.index, delta.text, reason, logprobs=choices.logprobs(item.index, delta)))
+        text, logprobs = choices.streamed(item.index, delta)  # completions' echo leads the first delta
+        if text or reason:
+            yield framed(shape.chunk(header, item.index, text, reason, logprobs=logprobs))
     if choices.all_failed:
         yield event(generation_failed(choices.first_failure()).body())
     elif include_usage:

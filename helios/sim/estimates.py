@@ -25,7 +25,7 @@ from helios.sim.files import SIMULATED_KINDS
 def synthetic_entry(graph: GraphDescriptor, duration_ns: int) -> dict[str, Any]:
     """One ``graphs:`` entry: the descriptor's capacities and the estimate in milliseconds."""
     entry: dict[str, Any] = {"id": graph.id, "kind": graph.kind.value, "batch_capacity": graph.batch_capacity}
-    if graph.kind in (GraphKind.PREFILL, GraphKind.MIXED):
+    if graph.kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.MIXED):
         entry["prefill_capacity"] = graph.prefill_capacity
     if graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED):
         entry["width"] = graph.width

@@ -22,8 +22,8 @@ from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.config import POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
 from helios.scheduler.select.population import MAX_REQUEST_SLOTS
 
-SIMULATED_KINDS = (GraphKind.PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED,
-                   GraphKind.RESTORE, GraphKind.SNAPSHOT)  # state programs: issue 21, docs/simulation.md
+SIMULATED_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE,
+                   GraphKind.MIXED, GraphKind.RESTORE, GraphKind.SNAPSHOT)  # state programs: issue 21, docs/simulation.md
 PROPOSAL_SOURCES = ("learned", "copy")
 
 
@@ -96,6 +96,7 @@ class TraceRequest:
     think_ms: float = 0.0  # with ``follows``: arrives this long after the earlier turn finishes
     proposal_source: str = "learned"
     acceptance_schedule: tuple[AcceptanceChange, ...] = ()  # mid-stream changes, increasing after_tokens
+    scored_prompt: bool = False  # its prompt runs only in scored-prefill programs (spec C1; echo with logprobs)
 
     def acceptance_after(self, produced: int) -> AcceptanceModel:
         """The acceptance model in force once ``produced`` output tokens exist."""
@@ -275,9 +276,9 @@ def _parse_graph(entry: _Entry) -> SyntheticGraph:
 
 def _graph_shape(entry: _Entry, kind: GraphKind) -> dict[str, Any]:
     """The descriptor's capacities, with the defaults each kind implies."""
-    has_prompt = kind in (GraphKind.PREFILL, GraphKind.MIXED)
+    has_prompt = kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.MIXED)
     has_width = kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)
-    _reject_unless(entry, "prefill_capacity", 0, has_prompt, f"{kind.value} graphs take no prompt tokens (prefill and mixed do)")
+    _reject_unless(entry, "prefill_capacity", 0, has_prompt, f"{kind.value} graphs take no prompt tokens (prefill, scored_prefill and mixed do)")
     _reject_unless(entry, "width", 1, has_width, f"{kind.value} graphs have width 1 (use kind speculative for wider rounds)")
     width = entry.integer("width", 1, minimum=1) if has_width else 1
     return {
@@ -350,7 +351,7 @@ def _ms_to_ns(ms: float) -> int:
 
 REQUEST_FIELDS = (
     "id", "arrival_ms", "prompt_tokens", "max_tokens", "accepted_drafts", "acceptance",
-    "preseed_acceptance", "proposal_source", "acceptance_schedule", "follows", "think_ms",
+    "preseed_acceptance", "proposal_source", "acceptance_schedule", "follows", "think_ms", "scored_prompt",
 )
 TRACE_FIELDS = ("policy", "seed", "requests", "speculation", "reuse", "checkpoint_rows")
 CHANGE_FIELDS = ("after_tokens", "accepted_drafts", "acceptance")
@@ -428,6 +429,7 @@ def _parse_request(entry: _Entry, index: int) -> TraceRequest:
         acceptance_schedule=_parse_schedule(entry),
         follows=entry.text("follows", None),
         think_ms=entry.number("think_ms", 0.0),
+        scored_prompt=entry.boolean("scored_prompt", False),
     )
     if request.follows is None and "think_ms" in entry.data:
         entry.fail("think_ms", "only a follow-up turn (follows) waits after an earlier turn")
@@ -495,7 +497,7 @@ def _graph_to_dict(graph: SyntheticGraph) -> dict[str, Any]:
     out: dict[str, Any] = {"id": d.id, "kind": d.kind.value, "batch_capacity": d.batch_capacity}
     if d.prefill_capacity:
         out["prefill_capacity"] = d.prefill_capacity
-    if d.kind is not GraphKind.PREFILL:
+    if d.kind not in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
         out.update(width=d.width, proposal_depth=d.proposal_depth)
     if d.aggregate:
         out["aggregate"] = d.aggregate
@@ -530,6 +532,8 @@ def _request_to_dict(request: TraceRequest) -> dict[str, Any]:
         "preseed_acceptance": request.preseed_acceptance,
         "proposal_source": request.proposal_source,
     }
+    if request.scored_prompt:
+        out["scored_prompt"] = True
     out.update(_acceptance_to_dict(request.acceptance))
     if request.acceptance_schedule:
         out["acceptance_schedule"] = [

@@ -464,6 +464,7 @@ class Simulation:
             cached_tokens=hit.length if hit else 0,
             restore_row=hit.row if hit else -1,
             terminal_snapshot=self.reuse,
+            scored_prompt=spec.scored_prompt,
         )
         try:
             request.handle = self.scheduler.admit(admit)

@@ -78,6 +78,32 @@ def test_scheduler_plans_discovery_once_an_estimate_expires():
     assert plan.reason is SelectionReason.DISCOVERY and plan.estimated_duration_ns == 0
 
 
+def test_C1_a_scored_prompt_runs_in_scored_prefill_chunks_on_the_direct_path_too():
+    import dataclasses
+
+    from helios.scheduler import GraphDescriptor, GraphKind
+
+    scored = GraphDescriptor("scored_p8", GraphKind.SCORED_PREFILL, 1, prefill_capacity=8)
+    graphs = [decode(1), prefill(8, 1), scored]
+    s = DirectScheduler(graphs, request_slots=2).scheduler
+    for g in graphs:
+        s.observe_duration(g.id, 3 * MS)
+    plain, marked = s.admit(ask(4, 2)), s.admit(dataclasses.replace(ask(12, 0), scored_prompt=True))
+    kinds, fence = {}, 0
+    while (plan := s.plan()) is not None:
+        fence += 1
+        s.commit(plan, fence)
+        lanes = plan.lanes
+        for lane in lanes:
+            if lane.phase is LanePhase.PROMPT:
+                kinds.setdefault(lane.handle, set()).add(plan.graph.kind)
+        s.complete(fence, [CompletionRecord(l.handle, prompt_consumed=l.prompt_tokens,
+                                            tokens=(5,) if l.finishes_prompt or l.phase is LanePhase.DECODE else ())
+                           for l in lanes], ExecutionTiming(3 * MS, 3 * MS))
+    assert kinds == {plain: {GraphKind.PREFILL}, marked: {GraphKind.SCORED_PREFILL}}
+    assert not s.is_active(plain) and not s.is_active(marked)
+
+
 # ---------------------------------------------------------------------------
 # Decode rounds: the same program and cohort as Helios (U6, U8, U9, U10, U12)
 # ---------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def _catalog_error(graph_changes: dict, drop: str | None = None) -> str:
 @pytest.mark.parametrize(
     "changes, drop, expected",
     [
-        ({"kind": "warp"}, None, "field 'kind': got 'warp'; allowed: prefill, decode, speculative, mixed"),
+        ({"kind": "warp"}, None, "field 'kind': got 'warp'; allowed: prefill, scored_prefill, decode, speculative, mixed, restore, snapshot"),
         ({"duration_ms": -3}, None, "field 'duration_ms': expected a finite number > 0, got -3"),
         ({"duration_ms": 0}, None, "field 'duration_ms': expected a finite number > 0, got 0"),
         ({}, "batch_capacity", "field 'batch_capacity': is required"),

@@ -324,7 +324,12 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", OK_CHAT | {"top_logprobs": 2}, 400, "top_logprobs"),
     ("/v1/completions", OK_COMPLETION | {"logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", OK_COMPLETION | {"logprobs": -1}, 400, "logprobs"),
-    ("/v1/completions", OK_COMPLETION | {"echo": True}, 400, "echo"),
+    ("/v1/completions", OK_COMPLETION | {"echo": "yes"}, 400, "echo"),
+    ("/v1/completions", OK_COMPLETION | {"max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
+    ("/v1/completions", OK_COMPLETION | {"prompt_logprobs": 21}, 400, "prompt_logprobs"),
+    ("/v1/completions", OK_COMPLETION | {"prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),
+    ("/v1/chat/completions", OK_CHAT | {"prompt_logprobs": -1}, 400, "prompt_logprobs"),
+    ("/v1/chat/completions", OK_CHAT | {"prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),
     ("/v1/completions", OK_COMPLETION | {"presence_penalty": 2.5}, 400, "presence_penalty"),
     ("/v1/completions", OK_COMPLETION | {"frequency_penalty": -2.5}, 400, "frequency_penalty"),
     ("/v1/completions", OK_COMPLETION | {"repetition_penalty": 0}, 400, "repetition_penalty"),
@@ -671,7 +676,7 @@ def test_checkpoint_tokenizer_on_the_bundled_files():
 # A value of each field the engine does not honour yet, which must be refused rather than ignored.
 UNHONOURED_VALUES = {
     "response_format": {"type": "json_object"}, "tool_choice": "required",
-    "length_penalty": 0.5, "use_beam_search": True, "prompt_logprobs": 1, "truncate_prompt_tokens": 10,
+    "length_penalty": 0.5, "use_beam_search": True, "truncate_prompt_tokens": 10,
     "add_generation_prompt": False, "continue_final_message": True, "chat_template": "{{ messages }}",
     "chat_template_kwargs": {"enable_thinking": False}, "guided_json": {}, "guided_regex": "a+",
     "guided_choice": ["a"], "guided_grammar": "x", "structured_outputs": {"json": {}},

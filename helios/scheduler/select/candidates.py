@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.select import dominance
 from helios.scheduler.select.catalog import Group, GroupKind
+from helios.scheduler.select.population import Decoders, Population, Prompters
 from helios.scheduler.select.rankings import AdaptiveLanes, DecodeRanking, PromptRanking, PromptRow, DecisionRankings
 from helios.scheduler.select.scorers import Out, mixed_entry, score, score_mixed, score_prefill, score_rectangular
 from helios.scheduler.select.timing import GraphTiming
@@ -249,6 +250,34 @@ def built_prefill(sel: DecisionRankings, index: int, graph: GraphDescriptor, tim
     )
 
 
+# -- scored prefill -----------------------------------------------------------
+
+
+def scored_rankings(sel: DecisionRankings) -> DecisionRankings:
+    """The decision's rankings of the prompters whose prompt must be scored (``Population.scored``), once.
+
+    They are prompters like any other (U13's value, the same prices), ranked apart so that their
+    lanes go only to scored-prefill programs and nobody else's do (spec C1).
+    """
+    if sel.scored is None:
+        pop = sel.pop
+        sub = Population(Decoders(), pop.scored or Prompters(), pop.active_age_price, pop.alpha, ordered=pop.ordered)
+        sel.scored = DecisionRankings(sub, sel.infos)
+    return sel.scored
+
+
+def scored_prefill_candidate(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming):
+    """A scored-prefill program: a prefill program over the scored prompters only."""
+    if not sel.pop.scored:
+        return None
+    return prefill_candidate(scored_rankings(sel), index, graph, timing)
+
+
+def built_scored_prefill(sel: DecisionRankings, index: int, graph: GraphDescriptor, timing: GraphTiming,
+                         value: float, prompts: PromptRanking) -> Candidate:
+    return built_prefill(scored_rankings(sel), index, graph, timing, value, prompts)
+
+
 # -- mixed --------------------------------------------------------------------
 
 
@@ -285,6 +314,7 @@ CANDIDATES = {
     GraphKind.DECODE: generation_candidate,
     GraphKind.SPECULATIVE: generation_candidate,
     GraphKind.PREFILL: prefill_candidate,
+    GraphKind.SCORED_PREFILL: scored_prefill_candidate,
     GraphKind.MIXED: mixed_candidate,
 }
 
@@ -292,6 +322,7 @@ BUILT = {
     GraphKind.DECODE: built_generation,
     GraphKind.SPECULATIVE: built_generation,
     GraphKind.PREFILL: built_prefill,
+    GraphKind.SCORED_PREFILL: built_scored_prefill,
     GraphKind.MIXED: built_mixed,
 }
 

@@ -22,7 +22,7 @@ class GroupKind(Enum):
     RECTANGULAR = "rectangular"  # decode and speculative, device rows = B * W: the best B of one ranking
     PREFILL = "prefill"  # every prefill program: the best B prompters of its capacity
     MIXED = "mixed"  # one prompt row beside decoders, or decoders only (P7)
-    ONE_BY_ONE = "one_by_one"  # ragged and prefix-limit programs: their own candidate searches
+    ONE_BY_ONE = "one_by_one"  # ragged, prefix-limit and scored-prefill programs: their own candidate searches
 
     # members are singletons: hash them by identity, in C (``Enum.__hash__`` is Python code, and
     # every decision looks each group's scorer up by its kind)
@@ -204,7 +204,7 @@ def _groups(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo]) -> tu
             key = (GroupKind.PREFILL, None, 1, 0)  # one group: each member reads its capacity's ranking
         elif g.kind is GraphKind.MIXED:
             key = (GroupKind.MIXED, info.source, info.width, g.prefill_capacity)
-        elif g.kind in GENERATION_KINDS:
+        elif g.kind in GENERATION_KINDS or g.kind is GraphKind.SCORED_PREFILL:  # scored: its own prompters
             key = (GroupKind.ONE_BY_ONE, info.source, info.width, g.prefill_capacity)
         else:
             continue

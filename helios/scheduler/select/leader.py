@@ -145,7 +145,7 @@ def _explores_redundantly(c: Candidate, sel: DecisionRankings, prefill_sizes: Se
 
 def _recency(c: Candidate, sel: DecisionRankings) -> int:
     by_slot = {}
-    for cols in (sel.pop.decoders, sel.pop.prompters):
+    for cols in (sel.pop.decoders, sel.pop.prompters, *(() if sel.pop.scored is None else (sel.pop.scored,))):
         for h, r in zip(cols.handle, cols.recency):
             by_slot[h.slot] = r
     lanes, _ = c.build()

@@ -98,3 +98,6 @@ class Population:
     # ``PolicyConfig.prefill_defers_decode``: charge a prefill-only program the decode round it defers
     # (``scorers.charge_deferred_round``); False, as for a population built elsewhere, is U6's own rate
     defers_decode: bool = False
+    # Prompters whose prompt must be scored (``AdmitRequest.scored_prompt``): ranked only for
+    # SCORED_PREFILL programs, as ``prompters`` are for prefill and mixed ones (None: nobody)
+    scored: Prompters | None = None

@@ -229,6 +229,7 @@ class DecisionRankings:
         self.all_positive: bool | None = None  # SourceColumns.positive of every decoder
         self.gain_prefixes: dict[tuple[str, int], list[float]] = {}  # see next_gains
         self.empty_prompts: PromptRanking | None = None  # every capacity's ranking with no prompter
+        self.scored: "DecisionRankings | None" = None  # rankings of ``population.scored`` (candidates.scored_rankings)
         # with room for every width, query lengths are the width itself
         self.least_room = min(population.decoders.room, default=0)
         self.t_ms: list[float] = []  # per graph: its known duration in ms, 0.0 while unknown (set by select)
