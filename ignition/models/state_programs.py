@@ -58,7 +58,8 @@ class StateCopyProgram(nn.Module):
         first = rows.long().clamp(min=0).unsqueeze(1) * self.max_pages
         row_pages = first + torch.arange(self.max_pages, dtype=torch.int64, device=rows.device)
         slot_side, row_side = (slots, slot_pages), (rows, row_pages)
-        (dst_index, dst_pages), (src_index, src_pages) = (row_side, slot_side) if self.snapshot else (slot_side, row_side)
+        destination, source = (row_side, slot_side) if self.snapshot else (slot_side, row_side)
+        (dst_index, dst_pages), (src_index, src_pages) = destination, source
         slot_len, row_len = LENGTHS
         dst_len, src_len = (row_len, slot_len) if self.snapshot else (slot_len, row_len)
         # The length check comes first: a mismatch fails the program before anything is written.

@@ -381,12 +381,13 @@ def test_state_programs_at_every_request_bucket_only_with_a_checkpoint_store():
     from ignition.recipes.schema import CheckpointDefaults
 
     recipe = load_recipe("flare-tiny")
-    kept = plan_capacity(dataclasses.replace(recipe, checkpoints=CheckpointDefaults(rows=3)), CapacityOptions(concurrency=3))
+    three = CapacityOptions(concurrency=3)
+    kept = plan_capacity(dataclasses.replace(recipe, checkpoints=CheckpointDefaults(rows=3)), three)
     state = [g for g in kept.graphs if g.kind.value in ("snapshot", "restore", "init")]
     assert [(g.kind.value, g.batch_capacity) for g in state] == [
         (kind, b) for kind in ("snapshot", "restore", "init") for b in (1, 2, 4)]
     assert all(g.width == 1 and not g.prefill_capacity and not g.proposal_depth for g in state)
     assert kept.envelope.checkpoint_rows == 3
-    bare = plan_capacity(dataclasses.replace(recipe, checkpoints=CheckpointDefaults(rows=0)), CapacityOptions(concurrency=3))
+    bare = plan_capacity(dataclasses.replace(recipe, checkpoints=CheckpointDefaults(rows=0)), three)
     assert not [g for g in bare.graphs if g.kind.value in ("snapshot", "restore", "init")]
     assert [g.id for g in bare.graphs] == [g.id for g in kept.graphs if g not in state]

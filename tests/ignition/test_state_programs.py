@@ -196,15 +196,17 @@ def test_inactive_rows_and_positions_past_the_copy_mutate_nothing():
     for name, value in h.state.items():
         assert torch.equal(value, before[name]), f"an inactive row wrote {name}"
     h.run(specs[SNAPSHOT.id], row_slots=torch.tensor([0, 3], dtype=torch.int32),
-          checkpoint_rows=torch.tensor([1, -1], dtype=torch.int32), checkpoint_tokens=torch.tensor([11, 3], dtype=torch.int32))
+          checkpoint_rows=torch.tensor([1, -1], dtype=torch.int32),
+          checkpoint_tokens=torch.tensor([11, 3], dtype=torch.int32))
     for name in ("checkpoint_k", "checkpoint_v", "checkpoint_draft_k", "checkpoint_draft_v"):
         written = torch.zeros(h.state[name].shape[1:3], dtype=torch.bool)
         written.view(3, -1)[1, :11] = True  # row 1's first 11 positions, the partial third page's 3 included
         assert torch.equal(h.state[name][:, ~written], before[name][:, ~written]), f"{name} past the copy"
         assert torch.equal(h.row_kv(name, 1, 11), h.slot_kv(name.replace("checkpoint_", "") + "_cache", 0, 11))
     for name in ("pending", "seq_lens", "token_counts", "prompt_seen"):
-        changed = [r for r in range(3) if not torch.equal(h.state[f"checkpoint_{name}"][r], before[f"checkpoint_{name}"][r])]
-        assert changed in ([1], []) and torch.equal(h.state[f"checkpoint_{name}"][1], h.state[name][0]), name
+        row, was = h.state[f"checkpoint_{name}"], before[f"checkpoint_{name}"]
+        changed = [r for r in range(3) if not torch.equal(row[r], was[r])]
+        assert changed in ([1], []) and torch.equal(row[1], h.state[name][0]), name
     slot_names = [n for n in h.state if not n.startswith("checkpoint_")]
     assert all(torch.equal(h.state[n], before[n]) for n in slot_names), "a snapshot wrote slot state"
 
