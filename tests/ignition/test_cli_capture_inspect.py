@@ -50,7 +50,8 @@ def test_capture_then_inspect_json_reports_the_catalog(captured):
     result = invoke("inspect", captured, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["counts_by_kind"] == {"decode": 1, "prefill": 1, "scored_prefill": 1}
+    assert report["counts_by_kind"] == {"decode": 1, "init": 1, "prefill": 1, "restore": 1, "scored_prefill": 1,
+                                        "snapshot": 1}
     assert report["format_version"] == FORMAT_VERSION and report["recipe"]["name"] == "flare-tiny"
     assert report["envelope"]["request_slots"] == 1 and report["envelope"]["draft_depth"] == 0
 
@@ -58,8 +59,10 @@ def test_capture_then_inspect_json_reports_the_catalog(captured):
 def test_capture_prints_a_summary_with_counts_size_and_time(cli_capture):
     result = cli_capture  # the one capture of these programs, and what it printed (tests/conftest.py)
     assert result.exit_code == 0
-    assert "captured 3 programs (decode 1, prefill 1, scored_prefill 1)" in result.stdout
-    assert "load checkpoint" in result.stderr and "export 3 programs" in result.stderr
+    # prefill, scored prefill and decode, and the recipe's state programs at B = 1 (snapshot, restore, init)
+    printed = " ".join(result.stdout.split())  # the console wraps long lines
+    assert "captured 6 programs (decode 1, init 1, prefill 1, restore 1, scored_prefill 1, snapshot 1)" in printed
+    assert "load checkpoint" in result.stderr and "export 6 programs" in result.stderr
     assert (cli_capture.folder / "catalog.yaml").is_file()
 
 
