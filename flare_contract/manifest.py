@@ -19,7 +19,8 @@ import yaml
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 
-FORMAT_VERSION = 3  # 3: output logprobs, sampling controls, token history state; 2: draft state
+FORMAT_VERSION = 4  # 4: state programs and the checkpoint store; 3: output logprobs, sampling controls,
+# token history state; 2: draft state
 MANIFEST_NAME = "catalog.yaml"
 
 

@@ -44,8 +44,8 @@ class CliCapture:
 
 @pytest.fixture(scope="session")
 def cli_capture(request, tmp_path_factory) -> CliCapture:
-    """``ignition capture flare-tiny`` through the CLI: three small programs (prefill, scored prefill,
-    decode; one slot, no drafts) and what the command printed.
+    """``ignition capture flare-tiny`` through the CLI: six small programs (prefill, scored prefill,
+    decode, and snapshot, restore, init; one slot, no drafts) and what the command printed.
 
     Run once per source digest, like the tiny slice: kept in pytest's cache under a file lock, so
     parallel test workers and later runs share it, and any change to the capture sources runs it anew.

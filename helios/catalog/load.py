@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import yaml
 
-from flare_contract.graphs import GraphDescriptor
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from flare_contract.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -58,6 +58,9 @@ __all__ = [
     "load",
     "torch_release",
 ]
+
+
+STATE_KINDS = frozenset({GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.INIT})
 
 
 def torch_release(version: str = torch.__version__) -> str:
@@ -134,8 +137,25 @@ class Catalog:
 
     @property
     def descriptors(self) -> tuple[GraphDescriptor, ...]:
-        """Every program's descriptor, durations unknown (C11)."""
-        return tuple(replace(p.descriptor, estimated_duration_ns=0) for p in self.manifest.programs)
+        """Every inference program's descriptor, durations unknown (C11); state programs are
+        ``state_descriptors``."""
+        return tuple(replace(p.descriptor, estimated_duration_ns=0) for p in self.manifest.programs
+                     if p.descriptor.kind not in STATE_KINDS)
+
+    @property
+    def state_descriptors(self) -> tuple[GraphDescriptor, ...]:
+        """The snapshot, restore and init programs' descriptors (docs/checkpoints.md), durations unknown."""
+        return tuple(replace(p.descriptor, estimated_duration_ns=0) for p in self.manifest.programs
+                     if p.descriptor.kind in STATE_KINDS)
+
+    @property
+    def checkpoint_rows(self) -> int:
+        """Rows of the checkpoint store (0: the catalog keeps none)."""
+        return int(self.manifest.state.layout.get("checkpoint_rows", 0)) if self.has_checkpoints else 0
+
+    @property
+    def has_checkpoints(self) -> bool:
+        return any(t.name == "checkpoint_k" for t in self.manifest.state.tensors)
 
     @property
     def envelope(self) -> Envelope:
@@ -370,8 +390,8 @@ def _check_format_version(root: Path, version: Any) -> None:
     if version != FORMAT_VERSION:
         raise CatalogError(
             f"{root}: catalog format version {version} but this Flare reads version "
-            f"{FORMAT_VERSION} (program contract {FORMAT_VERSION}: output logprobs, sampling controls and token history "
-            "state in the programs); "
+            f"{FORMAT_VERSION} (program contract {FORMAT_VERSION}: snapshot, restore and init programs and the "
+            "checkpoint store, on top of output logprobs, sampling controls and token history state); "
             "recapture it with `ignition capture`"
         )
 
@@ -399,7 +419,7 @@ _SOURCE_KEYS = {"checkpoint": None, "dimensions": _DIMENSION_KEYS}
 RECIPE_KEYS: Mapping[str, Any] = {
     "name": None, "architecture": None, "dtype": None, "aliases": None, "description": None, "tokenizer": None,
     "kv_page_size": None, "source": None, "target": _SOURCE_KEYS, "draft": _SOURCE_KEYS,
-    "compile": frozenset({"mode", "kinds"}),
+    "compile": frozenset({"mode", "kinds"}), "checkpoints": frozenset({"rows"}),
     "capacity": frozenset({"concurrency", "prompt_buckets", "drafts", "proposal_sources", "mixed_capture",
                            "request_buckets", "completion_token_capacity", "speculative_token_capacity"}),
 }
@@ -500,12 +520,16 @@ def _check_state(state: StateSpec, envelope: Envelope) -> None:
     for key in (*_PAGED_LAYOUT, "context"):
         if key in layout:
             _require_count(f"state.layout.{key}", layout[key], 1)
+    if "checkpoint_rows" in layout:
+        _require_count("state.layout.checkpoint_rows", layout["checkpoint_rows"], 0)
     if "request_slots" in layout and layout["request_slots"] != envelope.request_slots:
         raise CatalogError(f"state.layout.request_slots {layout['request_slots']} differs from "
                            f"envelope.request_slots {envelope.request_slots}")
     names = {t.name: t for t in state.tensors}
     if "k_cache" in names:
         _check_paged_state(layout, names)
+    if any(name.startswith("checkpoint_") for name in names):
+        _check_checkpoint_store(layout, names)
 
 
 def _check_paged_state(layout: Mapping[str, Any], tensors: Mapping[str, ArgSpec]) -> None:
@@ -524,6 +548,32 @@ def _check_paged_state(layout: Mapping[str, Any], tensors: Mapping[str, ArgSpec]
         if name in tensors and tensors[name].shape != (layout["request_slots"],):
             raise CatalogError(f"state tensor {name} has shape {list(tensors[name].shape)}, but the layout has "
                                f"{layout['request_slots']} request slots")
+
+
+def _check_checkpoint_store(layout: Mapping[str, Any], tensors: Mapping[str, ArgSpec]) -> None:
+    """Checkpoint rows of a full context each: ``checkpoint_k``/``_v`` (and the draft's) shaped like their
+    slot caches with ``checkpoint_rows * max_pages_per_slot`` pages, one entry per row of the others."""
+    rows = layout.get("checkpoint_rows", 0)
+    if "k_cache" not in tensors or not rows:
+        raise CatalogError("state has checkpoint tensors but no paged cache with state.layout.checkpoint_rows >= 1")
+    pages = rows * layout["max_pages_per_slot"]
+    for name, slot_name in _CHECKPOINT_PAIRS.items():
+        if (name in tensors) != (slot_name in tensors):
+            raise CatalogError(f"state has one of {slot_name} and {name} without the other: the checkpoint store "
+                               "holds a copy of every per-slot tensor")
+        if name not in tensors:
+            continue
+        slot, row = tensors[slot_name], tensors[name]
+        expected = (slot.shape[0], pages, *slot.shape[2:]) if slot_name.endswith("_cache") else (rows, *slot.shape[1:])
+        if row.shape != expected or row.dtype != slot.dtype:
+            raise CatalogError(f"state tensor {name} is {list(row.shape)} {row.dtype}, but {rows} checkpoint rows "
+                               f"beside {slot_name} need {list(expected)} {slot.dtype}")
+
+
+_CHECKPOINT_PAIRS = {"checkpoint_k": "k_cache", "checkpoint_v": "v_cache", "checkpoint_draft_k": "draft_k_cache",
+                     "checkpoint_draft_v": "draft_v_cache", "checkpoint_pending": "pending",
+                     "checkpoint_seq_lens": "seq_lens", "checkpoint_token_counts": "token_counts",
+                     "checkpoint_prompt_seen": "prompt_seen"}
 
 
 def _check_tensor_spec(where: str, spec: ArgSpec, low: int) -> None:

@@ -39,6 +39,7 @@ from flare_contract.sampling import BIAS_CAPACITY, BIAS_FOREVER
 from helios.runtime.frame_outputs import FrameOutputs, read_outputs
 from helios.ops.layout import NO_PAGE
 from helios.runtime.pages import PageAllocator, PageLayout
+from helios.runtime.state_ops import BoundState, StateResult, run_state
 from helios.scheduler import rounds
 from helios.scheduler.types import CompletionRecord, ExecutionTiming, LanePhase, PlannedLane, ScheduledPlan
 
@@ -381,6 +382,10 @@ class Executor:
         wall_ns = max(0, time.monotonic_ns() - dispatched_ns)
         timing = ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns)
         return FrameResult(records, timing, logprobs, _scored_prompt(frame, read))
+
+    def run_state(self, bound: BoundState, dispatched_ns: int) -> StateResult:
+        """Execute a bound snapshot, restore or init (``helios.runtime.state_ops.bind_state``)."""
+        return run_state(self, bound, dispatched_ns)
 
     def _timed_call(self, program: Program, named: dict) -> tuple[Mapping[str, torch.Tensor], int]:
         """The program's own device interval: CUDA events on a GPU, the call's host interval on CPU."""

@@ -35,6 +35,9 @@ class PolicyConfig:
     # prompt hold the device for hundreds of ms while streams wait, U6).
     token_rate_by_value: int = 0  # 1: x counts a prompt token as 1/beta output token (0: one for one)
     prompt_chunk_share: int = 1  # a chunk leaving prompt behind earns its time share of the prompt (0: its tokens)
+    # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
+    # share of a request's estimated uncached prefill work
+    checkpoint_extra_work_fraction: float = 0.05
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -51,6 +54,9 @@ class PolicyConfig:
         for name in CHOICE_FIELDS:
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"PolicyConfig.{name} must be 0 or 1, got {getattr(self, name)!r}")
+        if self.checkpoint_extra_work_fraction > 1:
+            raise ValueError("PolicyConfig.checkpoint_extra_work_fraction must be in [0, 1], "
+                             f"got {self.checkpoint_extra_work_fraction!r}")
         if self.estimate_ttl_ns <= 0:
             raise ValueError(f"PolicyConfig.estimate_ttl_ns must be > 0, got {self.estimate_ttl_ns!r}")
 

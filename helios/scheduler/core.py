@@ -69,6 +69,8 @@ from helios.scheduler.explore import Decision, ProbeSubject
 from helios.scheduler.queue import FrameQueue, lane_output_bound
 from helios.scheduler.refresh import EXPLORATION_REASONS, ExplorationAccounts, ReasonTotals
 from helios.scheduler.selector import HeliosSelector, Selector
+from helios.scheduler import state_ops
+from helios.scheduler.state_ops import RequestOps
 from helios.scheduler.service import (
     DeliveryFamily,
     MIN_RATE_PER_MS,
@@ -83,6 +85,7 @@ from helios.scheduler.speculation import (
     ProposalDraws,
     RequestAcceptance,
 )
+from helios.scheduler.utility import decision_log_scale
 from helios.scheduler.types import (
     AdmitRequest,
     CompletionRecord,
@@ -128,6 +131,7 @@ class RequestState:
     inflight: int = 0  # submitted, uncompleted frames with a lane for it
     cancelled: bool = False
     finished: bool = False
+    ops: RequestOps = field(default_factory=RequestOps)  # restores, snapshots, terminal hold (state_ops)
     # (slot, generation) of ``handle``: a key hashed in C, which queued frames use (``Frame.terms``)
     key: tuple[int, int] = field(init=False, default=(0, 0))
 
@@ -280,6 +284,7 @@ class Scheduler:
             prompt_done=min(request.cached_tokens, request.prompt_tokens - 1),
             output_cap=min(request.max_tokens, request.context_limit - request.prompt_tokens),
         )
+        state.ops.restore_pending = request.restore_row >= 0
         self._refresh_survival(state)
         self._slots[slot] = state
         self._admitted_any = True
@@ -287,6 +292,11 @@ class Scheduler:
 
     def cancel(self, handle: RequestHandle) -> None:
         """Stop selecting the request now; its slot frees after its last submitted fence (A6)."""
+        held = self._lookup(handle)
+        if held is not None and held.ops.terminal_since_ns is not None:
+            held.ops.terminal_since_ns = None  # the terminal capture is given up; the slot frees after its fences
+            self._release_if_idle(held)
+            return
         state = self._state(handle)
         state.cancelled = True
         self._release_if_idle(state)
@@ -300,6 +310,11 @@ class Scheduler:
         for offered, accepted in rounds_seen:
             state.acceptance.observe_round(source, offered, accepted, terminated=False)
         self._refresh_survival(state)
+
+    def holds(self, handle: RequestHandle) -> bool:
+        """P6: ``handle`` finished generating and keeps its slot until its terminal snapshot completes."""
+        state = self._lookup(handle)
+        return state is not None and state.ops.terminal_since_ns is not None
 
     def is_active(self, handle: RequestHandle) -> bool:
         state = self._lookup(handle)
@@ -348,7 +363,8 @@ class Scheduler:
         return state
 
     def _release_if_idle(self, state: RequestState) -> None:
-        if state.inflight == 0 and not state.live and self._slots[state.handle.slot] is state:
+        if (state.inflight == 0 and not state.live and state.ops.terminal_since_ns is None
+                and self._slots[state.handle.slot] is state):
             self._slots[state.handle.slot] = None
 
     def _family_of(self, request: AdmitRequest) -> DeliveryFamily:
@@ -385,6 +401,9 @@ class Scheduler:
             return None
         timings, population = self._snapshot()
         choice = self.selector.select(timings, population)
+        ops = self._state_choice(timings, population)
+        if ops is not None and (choice is None or ops.key() > (not choice.timing.known, choice.score)):
+            return None if self._queue else self._state_plan(ops)  # state programs drain the window (A7)
         if choice is None:
             return None
         log_scale = choice.log_scale  # the decision's common scaling (U7), kept for a funded replacement
@@ -402,7 +421,7 @@ class Scheduler:
                 choice, reason, feedback = funded.choice, funded.reason, True
         plan = ScheduledPlan(
             graph=choice.graph,
-            lanes=choice.lanes,
+            lanes=self._cut_lanes(choice.lanes),
             reason=reason,
             estimated_duration_ns=choice.timing.duration_ns,
             scaled_value_rate=choice.score * math.exp(log_scale),
@@ -413,6 +432,41 @@ class Scheduler:
         )
         self.selector.planned(plan, self.now_ns)
         return plan
+
+    def _state_choice(self, timings, population: Population) -> state_ops.StateChoice | None:
+        """The best pending state operation (P1-P4, P6), scored on the ordinary decision's snapshot."""
+        pending = state_ops.pending(self._slots, self._queue.end_ns(self.now_ns), self.policy,
+                                    self._queue.projected_token_rate)
+        if pending is None:
+            return None
+        restores, snapshots, held = pending
+        policy = self.policy
+        inputs = state_ops.StateInputs(
+            restores, snapshots, held, population, policy.decode_age_price * len(population.decoders),
+            policy.terminal_value, policy.terminal_age_price, self._timing.prefill_times(timings))
+        return state_ops.best_state_choice(self.graphs, timings, inputs)
+
+    def _state_plan(self, ops: state_ops.StateChoice) -> ScheduledPlan:
+        """P3: the prerequisite's own duration T; the lookahead's F is in no plan field."""
+        reason = SelectionReason.ORDINARY if ops.known else SelectionReason.DISCOVERY
+        log_scale = decision_log_scale(abs(ops.score))
+        plan = ScheduledPlan(
+            graph=ops.graph, lanes=ops.lanes, reason=reason, estimated_duration_ns=ops.timing.duration_ns,
+            scaled_value_rate=ops.score * math.exp(log_scale), log_scale=log_scale, requires_feedback=True,
+            trace=self._plan_trace(ops.graph, ops.timing.duration_ns, reason))
+        self.selector.planned(plan, self.now_ns)
+        return plan
+
+    def _cut_lanes(self, lanes: tuple[PlannedLane, ...]) -> tuple[PlannedLane, ...]:
+        """K2: a prompt lane that ends at an armed snapshot point before the prompt's end publishes nothing."""
+        out = None
+        for i, lane in enumerate(lanes):
+            if lane.phase is LanePhase.PROMPT and lane.finishes_prompt:
+                state = self._slots[lane.handle.slot]
+                if lane.prompt_start + lane.prompt_tokens < state.request.prompt_tokens:
+                    out = list(lanes) if out is None else out
+                    out[i] = PlannedLane(lane.handle, LanePhase.PROMPT, lane.prompt_start, lane.prompt_tokens)
+        return lanes if out is None else tuple(out)
 
     def _probe_subject(self, handle: RequestHandle) -> ProbeSubject:
         """A decode lane's request as probes see it; reading creates no estimates."""
@@ -461,6 +515,8 @@ class Scheduler:
         states, rooms, prompting = [], [], []  # decoders and their rooms; prompters with theirs
         counts: dict[str | None, int] = {}  # decoders per delivery family (U5's k), by proposal source
         for s in live:
+            if s.ops.blocked:
+                continue  # waits for a restore or snapshot (state_ops): neither prompter nor decoder
             room = s.output_cap - s.produced - s.queued_output
             if room < 0:
                 room = 0
@@ -505,18 +561,30 @@ class Scheduler:
             handle, x = s.handle, self._queue.projected_token_rate(s)
             congestion = f / x
             position = s.prompt_done
+            cut = self._snapshot_cut(s, position, timings)  # K2: an armed point ends this prompt's lanes
             prm.handle.append(handle)
             prm.start.append(position)
-            prm.remaining.append(s.request.prompt_tokens - position)
+            prm.remaining.append((cut or s.request.prompt_tokens) - position)
             prm.to_endpoint.append(s.next_endpoint_distance(position))
             prm.price.append(1.0 + congestion)
-            prm.first_token.append(beta + congestion if room > 0 else 0.0)
+            prm.first_token.append(beta + congestion if room > 0 and not cut else 0.0)
             prm.recency.append(s.last_selected_ns)
         # vouched for (select.population.Population): both lists follow ``live``, least recently selected first;
         # one family shares one slope; with beta > 0 every token price is positive (the other
         # preferences are >= 0, PolicyConfig checks, so delivery prices and age credits are too)
-        return Population(dec, prm, c * len(states), policy.adaptive_verification_alpha,
+        held = sum(1 for s in self._slots if s is not None and s.ops.terminal_since_ns is not None)
+        # P6: every held terminal's age coefficient enters every candidate's waiting cost
+        waiting = c * len(states) + policy.terminal_age_price * held if held else c * len(states)
+        return Population(dec, prm, waiting, policy.adaptive_verification_alpha,
                               ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0)
+
+    def _snapshot_cut(self, s: RequestState, position: int, timings) -> int | None:
+        """K2: the next armed snapshot point before the prompt's end (arming once costs are known), or None."""
+        if s.ops.points is None and s.request.snapshot_points:
+            state_ops.arm_points(s.ops, s.request, position, self._timing.prefill_times(timings),
+                                 state_ops.snapshot_ms(self.graphs, timings), self.policy.checkpoint_extra_work_fraction)
+        point = s.ops.next_point(position)
+        return point if point is not None and point < s.request.prompt_tokens else None
 
     def _reference_intervals(self, counts: dict[str | None, int], timings) -> dict[str | None, float]:
         """sigma per delivery family, keyed by its proposal source (U5).
@@ -559,7 +627,7 @@ class Scheduler:
         normalizer = self._normalizer()
         self._start_unserved_histories(participants, normalizer)
         for lane in plan.lanes:
-            state = self._state(lane.handle)
+            state = self._lookup(lane.handle)  # a held terminal is finished but owns its slot (P6)
             fq.hold(state, lane, plan.graph)
             state.last_selected_ns = self.now_ns
         self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
@@ -575,6 +643,8 @@ class Scheduler:
         Its admission-time share depended on who happened to be resident then;
         requests arriving together must not be ranked by arrival order.
         """
+        if not participants:
+            return  # only held terminals run (P6): no live request to start
         rate = fair_token_rate(normalizer, len(participants))
         for handle in participants:
             state = self._slots[handle.slot]
@@ -599,7 +669,12 @@ class Scheduler:
             self._check_lane_current(lane, plan)
 
     def _check_lane_current(self, lane: PlannedLane, plan: ScheduledPlan) -> None:
+        if lane.phase in (LanePhase.RESTORE, LanePhase.SNAPSHOT):
+            state_ops.check_state_lane(self._lookup(lane.handle), lane, plan.graph)
+            return
         state = self._state(lane.handle)
+        if state.ops.blocked:
+            raise ValueError(f"stale plan: {lane.handle} waits for a restore or snapshot")
         if lane.phase is LanePhase.PROMPT:
             expected_start = state.prompt_done + state.queued_prompt
             if lane.prompt_start != expected_start or state.phase is not LanePhase.PROMPT:
@@ -681,7 +756,8 @@ class Scheduler:
         """D6: when the device has nothing queued and nothing runnable, positive credit lapses."""
         if self._queue or self.exploration.episode_open:
             return
-        if not any(s is not None and s.live and (s.phase is LanePhase.PROMPT or s.room() > 0) for s in self._slots):
+        if not any(s is not None and ((s.live and (s.phase is LanePhase.PROMPT or s.room() > 0 or s.ops.blocked))
+                                      or s.ops.terminal_since_ns is not None) for s in self._slots):
             self.exploration.idle()
 
     def _counters(self, handle: RequestHandle) -> int | None:
@@ -696,18 +772,25 @@ class Scheduler:
 
     def _apply_lane(self, state, lane, plan, record, fence, sidecar=None) -> GeneratedToken | None:
         fq.release(state, lane, plan.graph)
+        if lane.phase in (LanePhase.RESTORE, LanePhase.SNAPSHOT):
+            state_ops.completed(state.ops, lane)  # setup earns no token and no service (P3)
+            return None
         if record is None or not state.live:
             return None  # cancelled or finished earlier: nothing is published
         if lane.phase is LanePhase.PROMPT:
             state.prompt_done += record.prompt_consumed
             if state.phase is LanePhase.DECODE:
                 state.decoder_since_ns = self.now_ns
+            if state.prompt_done in (state.ops.points or ()):
+                state.ops.due = state.prompt_done  # K2: the snapshot runs before the prompt continues
         else:
             self._observe_acceptance(state, lane, plan.graph, record, sidecar or (None, None))
         state.produced += len(record.tokens)
         reason = self._finish_reason(state, record)
         if reason is not None:
             state.finished = True
+            if state.request.terminal_snapshot:
+                state.ops.terminal_since_ns = self.now_ns  # P6: age from validated termination
         if not record.tokens and reason is None:
             return None
         return GeneratedToken(state.handle, fence, tuple(record.tokens), reason is not None, reason)
@@ -795,6 +878,13 @@ def _validate_admission(r: AdmitRequest) -> None:
         raise ValueError(f"context_limit ({r.context_limit}) must exceed prompt_tokens ({r.prompt_tokens})")
     if not 0 <= r.cached_tokens <= r.prompt_tokens:
         raise ValueError(f"cached_tokens must be in 0..prompt_tokens, got {r.cached_tokens}")
+    if r.restore_row >= 0 and not 0 < r.cached_tokens < r.prompt_tokens:
+        raise ValueError(f"a restore needs 0 < cached_tokens < prompt_tokens ({r.prompt_tokens}), got {r.cached_tokens}")
+    if r.restore_row < -1:
+        raise ValueError(f"restore_row must be -1 (none) or a checkpoint row >= 0, got {r.restore_row}")
+    if any(not r.cached_tokens < p <= r.prompt_tokens for p in r.snapshot_points):
+        raise ValueError(f"snapshot_points must lie past the cached prefix, in {r.cached_tokens + 1}..{r.prompt_tokens},"
+                         f" got {r.snapshot_points}")
     if any(not 0 < e <= r.prompt_tokens for e in r.endpoints):
         raise ValueError(f"endpoints must lie in 1..prompt_tokens ({r.prompt_tokens}), got {r.endpoints}")
     unknown = set(r.proposal_sources) - set(PROPOSAL_SOURCES)
@@ -825,6 +915,10 @@ def validate_completion(frame: fq.Frame, records, timing: ExecutionTiming, looku
 
 def _validate_record(record: CompletionRecord, lane: PlannedLane, graph: GraphDescriptor) -> None:
     where = f"{graph.id} lane {record.handle}"
+    if lane.phase in (LanePhase.RESTORE, LanePhase.SNAPSHOT):
+        if record.prompt_consumed or record.tokens or record.offered:
+            raise ValueError(f"{where}: a {lane.phase.value} row consumes no prompt and commits no token")
+        return
     if lane.phase is LanePhase.PROMPT:
         if record.prompt_consumed != lane.prompt_tokens:
             raise ValueError(f"{where}: prompt row must consume its scheduled {lane.prompt_tokens} tokens, got {record.prompt_consumed}")

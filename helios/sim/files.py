@@ -22,7 +22,8 @@ from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.config import POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
 from helios.scheduler.select.population import MAX_REQUEST_SLOTS
 
-SIMULATED_KINDS = (GraphKind.PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)
+SIMULATED_KINDS = (GraphKind.PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED,
+                   GraphKind.RESTORE, GraphKind.SNAPSHOT)  # state programs: issue 21, docs/simulation.md
 PROPOSAL_SOURCES = ("learned", "copy")
 
 
@@ -91,6 +92,8 @@ class TraceRequest:
     max_tokens: int
     acceptance: AcceptanceModel = FixedAcceptance(0)
     preseed_acceptance: bool = False  # start as if 64 rounds had been observed
+    follows: str | None = None  # conversation: this turn extends that earlier request's prompt and output
+    think_ms: float = 0.0  # with ``follows``: arrives this long after the earlier turn finishes
     proposal_source: str = "learned"
     acceptance_schedule: tuple[AcceptanceChange, ...] = ()  # mid-stream changes, increasing after_tokens
 
@@ -109,6 +112,8 @@ class Trace:
     seed: int
     requests: tuple[TraceRequest, ...]
     speculation: str = "adaptive"  # "fixed": the scheduler never probes acceptance (D8)
+    reuse: bool = True  # conversations restore retained checkpoints (False: every turn prefills in full)
+    checkpoint_rows: int = 8  # checkpoint rows the simulated engine retains (K3 evicts beyond them)
 
 
 # ---------------------------------------------------------------------------
@@ -345,9 +350,9 @@ def _ms_to_ns(ms: float) -> int:
 
 REQUEST_FIELDS = (
     "id", "arrival_ms", "prompt_tokens", "max_tokens", "accepted_drafts", "acceptance",
-    "preseed_acceptance", "proposal_source", "acceptance_schedule",
+    "preseed_acceptance", "proposal_source", "acceptance_schedule", "follows", "think_ms",
 )
-TRACE_FIELDS = ("policy", "seed", "requests", "speculation")
+TRACE_FIELDS = ("policy", "seed", "requests", "speculation", "reuse", "checkpoint_rows")
 CHANGE_FIELDS = ("after_tokens", "accepted_drafts", "acceptance")
 POLICY_FIELDS = ("preset",) + tuple(f.name for f in fields(PolicyConfig))
 
@@ -365,12 +370,25 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     entries = _entries(top, "requests", lambda i, r: _entry_name("requests", i, r))
     requests = tuple(_parse_request(entry, index) for index, entry in enumerate(entries))
     _check_unique_request_ids(top, requests)
+    _check_conversations(top, requests)
+    reuse = top.boolean("reuse", True)
+    rows = top.integer("checkpoint_rows", 8, minimum=1)
     top.finish(TRACE_FIELDS)
-    return Trace(policy=policy, seed=seed, requests=requests, speculation=speculation)
+    return Trace(policy=policy, seed=seed, requests=requests, speculation=speculation, reuse=reuse,
+                 checkpoint_rows=rows)
 
 
-# PolicyConfig fields nothing reads yet: they price terminal snapshots (spec P6), which do not run.
-INERT_POLICY_FIELDS = ("terminal_value", "terminal_age_price")
+def _check_conversations(top: _Entry, requests: tuple[TraceRequest, ...]) -> None:
+    """A follow-up names an earlier request of the list, and takes no arrival time of its own."""
+    seen: set[str] = set()
+    for request in requests:
+        if request.follows is not None and request.follows not in seen:
+            top.fail("requests", f"request {request.id!r} follows {request.follows!r}, which is not an earlier request")
+        seen.add(request.id)
+
+
+# PolicyConfig fields nothing reads (none now: terminal snapshots run, spec P6, issue 21).
+INERT_POLICY_FIELDS: tuple[str, ...] = ()
 
 
 def _parse_policy(entry: _Entry) -> PolicyConfig:
@@ -408,7 +426,13 @@ def _parse_request(entry: _Entry, index: int) -> TraceRequest:
         preseed_acceptance=entry.boolean("preseed_acceptance", False),
         proposal_source=entry.choice("proposal_source", PROPOSAL_SOURCES, "learned"),
         acceptance_schedule=_parse_schedule(entry),
+        follows=entry.text("follows", None),
+        think_ms=entry.number("think_ms", 0.0),
     )
+    if request.follows is None and "think_ms" in entry.data:
+        entry.fail("think_ms", "only a follow-up turn (follows) waits after an earlier turn")
+    if request.follows is not None and "arrival_ms" in entry.data:
+        entry.fail("arrival_ms", "a follow-up turn arrives think_ms after the turn it follows finishes")
     entry.finish(REQUEST_FIELDS)
     return request
 
@@ -492,6 +516,8 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         "policy": {k: v for k, v in _as_dict(trace.policy).items() if k not in INERT_POLICY_FIELDS},
         "requests": [_request_to_dict(r) for r in trace.requests],
         "speculation": trace.speculation,
+        "reuse": trace.reuse,
+        "checkpoint_rows": trace.checkpoint_rows,
     }
 
 
@@ -509,6 +535,9 @@ def _request_to_dict(request: TraceRequest) -> dict[str, Any]:
         out["acceptance_schedule"] = [
             {"after_tokens": c.after_tokens, **_acceptance_to_dict(c.model)} for c in request.acceptance_schedule
         ]
+    if request.follows is not None:
+        del out["arrival_ms"]
+        out.update(follows=request.follows, think_ms=request.think_ms)
     return out
 
 

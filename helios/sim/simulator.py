@@ -22,13 +22,15 @@ The life of one simulated run:
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from flare_contract.graphs import GraphDescriptor
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler import Scheduler
+from helios.scheduler.checkpoints import AnchorRole, Checkpoint, CheckpointIndex, RowUse
 from helios.scheduler.types import (
     AdmitRequest,
     CompletionRecord,
@@ -83,6 +85,8 @@ class RequestOutcome:
     admitted_ns: int | None = None
     finished_ns: int | None = None
     bursts: list[Burst] = field(default_factory=list)
+    prompt_tokens: int = 0  # the whole prompt (a follow-up turn's includes the conversation so far)
+    cached_tokens: int = 0  # restored from a checkpoint instead of prefilled
 
     @property
     def tokens(self) -> int:
@@ -293,6 +297,8 @@ class SyntheticDevice:
         return allocate_prefixes(ceilings, confidence, slots, graph.target_rows)
 
     def _record(self, lane: PlannedLane, owner: _SimulatedRequest, length: int) -> CompletionRecord:
+        if lane.phase in (LanePhase.RESTORE, LanePhase.SNAPSHOT):
+            return CompletionRecord(lane.handle)  # a state copy: no prompt, no token
         if lane.phase is LanePhase.PROMPT:
             tokens = owner.next_tokens(1) if lane.finishes_prompt else ()
             return CompletionRecord(lane.handle, prompt_consumed=lane.prompt_tokens, tokens=tokens)
@@ -326,6 +332,13 @@ class _SimulatedRequest:
     outcome: RequestOutcome
     handle: RequestHandle | None = None
     produced: int = 0  # output tokens the device has committed so far
+    tokens: tuple[int, ...] = ()  # the whole prompt's synthetic ids (set at arrival)
+    restoring: Checkpoint | None = None  # the checkpoint its restore reads (guarded until it completes)
+    held: bool = False  # finished, holding its slot for the terminal snapshot (P6)
+
+    def history(self) -> tuple[int, ...]:
+        """Prompt and committed output: what a follow-up turn's prompt starts with."""
+        return self.tokens + tuple(range(self.produced))
 
     def acceptance(self) -> AcceptanceModel:
         """The acceptance model in force now (``acceptance_schedule`` may change it mid-stream)."""
@@ -374,9 +387,23 @@ class Simulation:
             policy=trace.policy, speculation=trace.speculation,
         )
         self.device = SyntheticDevice(catalog, random.Random(trace.seed))
-        ordered = sorted(trace.requests, key=lambda r: r.arrival_ns)
+        # by arrival; follow-up turns (whose arrival is known only at run time) after, in trace order
+        ordered = sorted(trace.requests, key=lambda r: r.arrival_ns if r.follows is None else math.inf)
         self.everyone = [_SimulatedRequest(r, RequestOutcome(r.id, r.arrival_ns)) for r in ordered]
-        self.arrivals: deque[_SimulatedRequest] = deque(self.everyone)
+        # conversations: a follow-up arrives think_ms after the turn it follows leaves its slot
+        # reuse needs both state programs in the catalog: a catalog without them runs as before
+        kinds = {g.descriptor.kind for g in catalog.graphs}
+        self.reuse = trace.reuse and {GraphKind.RESTORE, GraphKind.SNAPSHOT} <= kinds
+        self.checkpoints = CheckpointIndex()
+        self.checkpoint_rows = trace.checkpoint_rows
+        self.stamp = 0
+        self.followers: dict[str, list[_SimulatedRequest]] = {}
+        for number, request in enumerate(self.everyone):
+            if request.spec.follows is None:
+                request.tokens = _fresh_tokens(number, request.spec.prompt_tokens)
+            else:
+                self.followers.setdefault(request.spec.follows, []).append(request)
+        self.arrivals: deque[_SimulatedRequest] = deque(r for r in self.everyone if r.spec.follows is None)
         self.waiting: deque[_SimulatedRequest] = deque()  # arrived, no free slot yet
         self.owners: dict[RequestHandle, _SimulatedRequest] = {}  # every admitted request (handles never repeat)
         self.active = 0  # admitted and not finished: occupies a request slot
@@ -413,7 +440,7 @@ class Simulation:
                 self.scheduler.observe_duration(graph.descriptor.id, graph.duration_ns)
 
     def _admit_arrivals(self) -> None:
-        while self.arrivals and self.arrivals[0].spec.arrival_ns <= self.now:
+        while self.arrivals and self.arrivals[0].outcome.arrival_ns <= self.now:
             self.waiting.append(self.arrivals.popleft())
         while self.waiting and self.active < self.catalog.request_slots and self._admit(self.waiting[0]):
             self.waiting.popleft()
@@ -426,11 +453,17 @@ class Simulation:
         trace was validated on load, so a refusal with nothing running is a bug.
         """
         spec = request.spec
+        prompt = len(request.tokens)
+        found = self.checkpoints.lookup(request.tokens, self._next_stamp()) if self.reuse else None
+        hit = found.checkpoint if found is not None else None
         admit = AdmitRequest(
-            prompt_tokens=spec.prompt_tokens,
+            prompt_tokens=prompt,
             max_tokens=spec.max_tokens,
-            context_limit=spec.prompt_tokens + spec.max_tokens,
+            context_limit=prompt + spec.max_tokens,
             proposal_sources=(spec.proposal_source,),
+            cached_tokens=hit.length if hit else 0,
+            restore_row=hit.row if hit else -1,
+            terminal_snapshot=self.reuse,
         )
         try:
             request.handle = self.scheduler.admit(admit)
@@ -439,6 +472,11 @@ class Simulation:
                 return False
             raise SimulationError(f"the scheduler refused request {spec.id!r} with nothing running: {exc}") from None
         request.outcome.admitted_ns = self.now
+        request.outcome.prompt_tokens = prompt
+        if hit is not None:
+            hit.use = RowUse.GUARDED  # K3: the row it restores from is no victim until the restore completes
+            request.restoring = hit
+            request.outcome.cached_tokens = hit.length
         self.owners[request.handle] = request
         self.active += 1
         if spec.preseed_acceptance:
@@ -480,7 +518,7 @@ class Simulation:
         if self.frames:
             candidates.append(self.frames[0].end_ns)
         if self.arrivals:
-            candidates.append(self.arrivals[0].spec.arrival_ns)
+            candidates.append(self.arrivals[0].outcome.arrival_ns)
         return min(candidates, default=None)
 
     def _past_end(self, next_ns: int) -> bool:
@@ -496,6 +534,39 @@ class Simulation:
             generated = self.scheduler.complete(frame.fence, output.records, timing)
         for token in generated:
             self._publish(token, frame.fence)
+        for lane in frame.plan.lanes:
+            if lane.phase is LanePhase.RESTORE:
+                self._restored(self.owners[lane.handle])
+            elif lane.phase is LanePhase.SNAPSHOT:
+                self._captured(self.owners[lane.handle], lane.checkpoint_tokens)
+
+    def _next_stamp(self) -> int:
+        self.stamp += 1
+        return self.stamp
+
+    def _restored(self, request: _SimulatedRequest) -> None:
+        if request.restoring is not None:
+            request.restoring.use = RowUse.FREE_TO_EVICT
+            request.restoring = None
+
+    def _captured(self, request: _SimulatedRequest, tokens: int) -> None:
+        """A snapshot completed: publish its checkpoint (K3 destination), then free the held slot (P6)."""
+        row = self.checkpoints.destination(range(self.checkpoint_rows))
+        if row is not None:
+            self.checkpoints.add(request.history()[:tokens], row, AnchorRole.TERMINAL, self._next_stamp())
+        if request.held:
+            request.held = False
+            self._left(request)
+
+    def _left(self, request: _SimulatedRequest) -> None:
+        """The request's slot is free: its follow-up turns arrive after their think time."""
+        self.active -= 1
+        for follower in self.followers.get(request.spec.id, ()):
+            follower.tokens = request.history() + _fresh_tokens(self.everyone.index(follower), follower.spec.prompt_tokens)
+            arrival = self.now + int(round(follower.spec.think_ms * NS_PER_MS))
+            follower.outcome.arrival_ns = arrival
+            at = next((i for i, r in enumerate(self.arrivals) if r.outcome.arrival_ns > arrival), len(self.arrivals))
+            self.arrivals.insert(at, follower)
 
     def _publish(self, token: GeneratedToken, fence: int) -> None:
         request = self.owners[token.handle]
@@ -504,10 +575,15 @@ class Simulation:
             self.scheduler.published_output(token.handle, fence)
         if token.finished:
             request.outcome.finished_ns = self.now
-            self.active -= 1
+            if self.reuse and self.scheduler.holds(token.handle):
+                request.held = True  # the slot frees when the terminal snapshot completes
+            else:
+                self._left(request)
 
     def _unfinished(self) -> bool:
+        """Work left: arrivals, waiting requests, or requests in their slots."""
         return bool(self.arrivals or self.waiting or self.active)
+
 
     def _result(self) -> SimulationResult:
         stopped_early = self.options.until_ns is not None and self._unfinished() and not self.stalled
@@ -521,6 +597,12 @@ class Simulation:
 
 
 PRESEED_ROUNDS = 64
+
+
+def _fresh_tokens(number: int, count: int) -> tuple[int, ...]:
+    """Synthetic prompt ids no other request shares (output ids count from zero, prompt ids from 10**7)."""
+    base = (number + 1) * 10_000_000
+    return tuple(range(base, base + count))
 
 
 def preseed_acceptance(

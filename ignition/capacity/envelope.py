@@ -41,6 +41,7 @@ class CapacityEnvelope:
     speculative_token_capacity  R: rectangular B*W <= R, ragged P <= R (C5).
     completion_token_capacity   the widest W any program may have (C7; 8 when undeclared).
     mixed              whether mixed prefill+decode programs are planned (C3).
+    checkpoint_rows    checkpoint store rows; > 0: snapshot, restore and init at every request bucket.
     """
 
     request_slots: int
@@ -52,6 +53,7 @@ class CapacityEnvelope:
     mixed: bool
     proposal_sources: tuple[str, ...] = ()
     context_length: int = 0  # 0: unknown (not checked)
+    checkpoint_rows: int = 0  # the recipe's checkpoints.rows; > 0 adds the state programs
 
     def __post_init__(self) -> None:
         problem = _envelope_problem(self)
@@ -132,6 +134,7 @@ def resolve_envelope(recipe: Recipe, options: CapacityOptions) -> CapacityEnvelo
         mixed=options.mixed_prefill,
         proposal_sources=defaults.proposal_sources,
         context_length=recipe.dims.context_length,
+        checkpoint_rows=recipe.checkpoints.rows,
     )
 
 

@@ -14,6 +14,7 @@ from flare_contract.graphs import GraphDescriptor
 from ignition.capacity.envelope import CapacityEnvelope, CapacityOptions, check_options, resolve_envelope
 from ignition.capacity.mixed import mixed_shapes
 from ignition.capacity.separate import decode_shapes, prefill_shapes, scored_prefill_shapes, speculative_shapes
+from ignition.capacity.state import state_shapes
 from ignition.recipes import Recipe
 
 
@@ -50,13 +51,14 @@ def plan_capacity(recipe: Recipe, options: CapacityOptions = CapacityOptions()) 
 
 
 def plan_graphs(env: CapacityEnvelope) -> tuple[GraphDescriptor, ...]:
-    """Every graph for ``env``: prefill, scored prefill, decode, speculative, then mixed."""
+    """Every graph for ``env``: prefill, scored prefill, decode, speculative, mixed, then state programs."""
     graphs = (
         prefill_shapes(env)
         + scored_prefill_shapes(env)
         + decode_shapes(env)
         + speculative_shapes(env)
         + (mixed_shapes(env) if env.mixed else ())
+        + state_shapes(env)
     )
     ids = [g.id for g in graphs]
     assert len(set(ids)) == len(ids), f"graph ids must be unique: {ids}"

@@ -21,13 +21,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from flare_contract.graphs import GraphDescriptor
+from flare_contract.graphs import GraphDescriptor, GraphKind
 from flare_contract.manifest import MANIFEST_NAME, ArgSpec, Manifest, ProgramEntry, StateSpec, WeightSet, file_sha256
 from ignition.capture.export import export_program
 from ignition.capture.source import CaptureSource
 from ignition.capture.staging import staged_folder
 
 COMPILE_MODES = ("none", "aoti")
+# State programs copy tensors through flare:: ops and run no model: compiling them would buy nothing.
+EXPORT_ONLY_KINDS = frozenset({GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.INIT})
 
 
 class CaptureError(ValueError):
@@ -72,8 +74,8 @@ def write_catalog(
     observer = observer or CaptureObserver()
     if compile not in COMPILE_MODES:
         raise CaptureError(f"--compile {compile!r} is unknown; use one of {', '.join(COMPILE_MODES)}")
-    compiled = frozenset(d.id for d in source.graphs
-                         if compile == "aoti" and (not compile_kinds or d.kind.value in compile_kinds))
+    compiled = frozenset(d.id for d in source.graphs if compile == "aoti" and d.kind not in EXPORT_ONLY_KINDS
+                         and (not compile_kinds or d.kind.value in compile_kinds))
     started = time.perf_counter()
     with staged_folder(out) as root:
         observer.step("write weights")

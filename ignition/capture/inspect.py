@@ -18,7 +18,7 @@ class CatalogReport:
 
     @property
     def counts_by_kind(self) -> dict[str, int]:
-        return dict(sorted(Counter(d.kind.value for d in self.catalog.descriptors).items()))
+        return dict(sorted(Counter(p.descriptor.kind.value for p in self.catalog.manifest.programs).items()))
 
     @property
     def total_bytes(self) -> int:

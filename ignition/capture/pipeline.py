@@ -118,7 +118,8 @@ def state_layout(recipe: Recipe, plan: CapacityPlan) -> StateLayout:
     """Room for every slot to hold the full context (the runtime's allocator hands out pages)."""
     pages_per_slot = math.ceil(recipe.dims.context_length / recipe.kv_page_size)
     slots = plan.envelope.request_slots
-    return StateLayout(slots, recipe.kv_page_size, slots * pages_per_slot, pages_per_slot, _dtype(recipe))
+    return StateLayout(slots, recipe.kv_page_size, slots * pages_per_slot, pages_per_slot, _dtype(recipe),
+                       checkpoint_rows=plan.envelope.checkpoint_rows)
 
 
 def model_source(recipe: Recipe, plan: CapacityPlan, model: Path | None = None) -> CaptureSource:

@@ -31,11 +31,14 @@ class StateLayout:
     num_pages: int
     max_pages_per_slot: int
     cache_dtype: torch.dtype = torch.float32
+    checkpoint_rows: int = 0  # rows of the checkpoint store (state programs; docs/checkpoints.md)
 
     def __post_init__(self) -> None:
         for name in ("request_slots", "page_size", "num_pages", "max_pages_per_slot"):
             if getattr(self, name) < 1:
                 raise ValueError(f"StateLayout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_rows < 0:
+            raise ValueError(f"StateLayout.checkpoint_rows must be >= 0, got {self.checkpoint_rows}")
 
     def new_state(self, config: Qwen3Config, draft: Qwen3Config | None = None,
                   device: torch.device | str = "cpu") -> dict[str, Tensor]:
@@ -55,8 +58,28 @@ class StateLayout:
                      prompt_seen=torch.zeros(history, dtype=torch.bool, device=device))
         return state
 
-    def _cache(self, config: Qwen3Config, device: torch.device | str) -> Tensor:
-        shape = (config.num_layers, self.num_pages, self.page_size, config.num_kv_heads, config.head_dim)
+    def checkpoint_state(self, config: Qwen3Config, draft: Qwen3Config | None = None,
+                         device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        """The checkpoint store, zeroed: ``checkpoint_rows`` rows, each a full context of pages
+        (row ``r`` owns checkpoint pages ``r * max_pages_per_slot ...``) and one entry of every
+        per-slot tensor; empty without checkpoint rows."""
+        rows = self.checkpoint_rows
+        if not rows:
+            return {}
+        pages = rows * self.max_pages_per_slot
+        store = {"checkpoint_k": self._cache(config, device, pages), "checkpoint_v": self._cache(config, device, pages)}
+        if draft is not None:
+            store.update(checkpoint_draft_k=self._cache(draft, device, pages),
+                         checkpoint_draft_v=self._cache(draft, device, pages))
+        history = (rows, config.sampled_vocab_size)
+        store.update(checkpoint_pending=torch.zeros(rows, dtype=torch.int64, device=device),
+                     checkpoint_seq_lens=torch.zeros(rows, dtype=torch.int32, device=device),
+                     checkpoint_token_counts=torch.zeros(history, dtype=torch.int32, device=device),
+                     checkpoint_prompt_seen=torch.zeros(history, dtype=torch.bool, device=device))
+        return store
+
+    def _cache(self, config: Qwen3Config, device: torch.device | str, pages: int | None = None) -> Tensor:
+        shape = (config.num_layers, pages or self.num_pages, self.page_size, config.num_kv_heads, config.head_dim)
         return torch.zeros(shape, dtype=self.cache_dtype, device=device)
 
 
@@ -90,6 +113,7 @@ class ProgramSpec:
         return tuple(spec.name for spec in self.inputs if spec.mutated)
 
 
+STATE_KINDS = (GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.INIT)  # ignition.models.state_programs
 STATE_INPUTS = ("k_cache", "v_cache", "pending", "seq_lens")
 DRAFT_STATE = ("draft_k_cache", "draft_v_cache")  # only in programs that run the draft model
 HISTORY_STATE = ("token_counts", "prompt_seen")  # every program: the penalties' token history
@@ -190,6 +214,10 @@ def build_program(desc: GraphDescriptor, model_config: Qwen3Config, layout: Stat
     ``draft.``-prefixed draft keys) avoids allocating zero weights; programs
     take the keys they need from it.
     """
+    if desc.kind in STATE_KINDS:
+        from ignition.models.state_programs import build_state_program  # it builds on this module's types
+
+        return build_state_program(desc, model_config, layout, draft_config)
     shape = frame_shape(desc, draft_config is not None)
     draft = draft_config if shape.uses_draft else None
     if draft is not None and draft.vocab_size < model_config.sampled_vocab_size:

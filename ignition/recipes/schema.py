@@ -20,6 +20,7 @@ PROPOSAL_SOURCES = ("learned", "copy")
 MAX_REQUEST_SLOTS = 64  # spec U11 / C7: mixed batches go up to 64 rows
 UNDECLARED_COMPLETION_CAPACITY = 8  # spec C7: the core's default completion token capacity
 COMPILE_MODES = ("none", "aoti")
+MAX_CHECKPOINT_ROWS = 256
 # Program kinds ignition builds (flare_contract.graphs.GraphKind values it has a builder for).
 COMPILABLE_KINDS = ("prefill", "scored_prefill", "decode", "speculative", "mixed")
 
@@ -105,6 +106,19 @@ class CompileDefaults:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointDefaults:
+    """The checkpoint store the state programs copy into and out of (docs/checkpoints.md).
+
+    ``rows``: checkpoint rows, each holding one slot's complete state at up to
+    a full context (its KV pages, the draft's when there is one, the pending
+    token, the committed length and the token history). 0: no store and no
+    snapshot, restore or init programs.
+    """
+
+    rows: int = field(default=0, metadata=rules.between(0, MAX_CHECKPOINT_ROWS))
+
+
+@dataclass(frozen=True, slots=True)
 class Recipe:
     """One model family and its catalog defaults (see docs/cli.md for the YAML)."""
 
@@ -119,6 +133,7 @@ class Recipe:
     draft: ModelSource | None = None  # the learned-proposal model, if any
     kv_page_size: int = field(default=16, metadata=rules.power_of_two_between(1, 1024))
     compile: CompileDefaults = CompileDefaults()
+    checkpoints: CheckpointDefaults = CheckpointDefaults()
     source: Path | None = None  # the YAML file it came from (set by the loader)
 
     @property

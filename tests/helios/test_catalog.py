@@ -218,10 +218,11 @@ def test_a_fresh_process_loads_and_runs_without_importing_ignition(catalog_dir):
     assert result.stdout.startswith("ok")
 
 
-def test_version_2_catalog_is_refused_with_one_line_saying_to_recapture(catalog_dir):
-    """Program contract version 3 (logprob outputs, sampling controls, token history) cannot run older programs."""
-    edit_manifest(catalog_dir, format_version=2)
-    with pytest.raises(CatalogError, match=r"format version 2 but this Flare reads version 3.*recapture") as error:
+@pytest.mark.parametrize("old", [2, 3])
+def test_older_catalog_is_refused_with_one_line_saying_to_recapture(catalog_dir, old):
+    """Program contract version 4 (state programs and the checkpoint store) cannot run older catalogs."""
+    edit_manifest(catalog_dir, format_version=old)
+    with pytest.raises(CatalogError, match=rf"format version {old} but this Flare reads version 4.*recapture") as error:
         load(catalog_dir)
     assert "\n" not in str(error.value)
 

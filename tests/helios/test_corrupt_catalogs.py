@@ -119,13 +119,15 @@ BOMB = "".join(f"x{i}: &x{i} [" + ", ".join([f"*x{i - 1}"] * 9 if i else ["lol"]
 
 CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("no manifest", lambda root: (root / "catalog.yaml").unlink(), "not a catalog (no catalog.yaml)"),
-    ("manifest not YAML", text(lambda t: "format_version: 3\nprograms: [\n"), "not valid YAML"),
+    ("manifest not YAML", text(lambda t: "format_version: 4\nprograms: [\n"), "not valid YAML"),
     ("manifest a list", text(lambda t: "- 1\n- 2\n"), "no format_version"),
     ("alias bomb in the manifest", text(lambda t: BOMB + t), "a YAML alias at line 2 (manifests have none)"),
     ("nesting 100 deep", text(lambda t: t + "junk: " + "[" * 100 + "]" * 100 + "\n"), "nested more than 32 deep"),
-    ("format_version a string", text(lambda t: t.replace("format_version: 3", "format_version: '3'", 1)),
-     "format_version must be the integer 3, got '3' (str)"),
-    ("format_version 2", manifest(lambda r: r.update(format_version=2)), "format version 2 but this Flare reads version 3"),
+    ("format_version a string", text(lambda t: t.replace("format_version: 4", "format_version: '4'", 1)),
+     "format_version must be the integer 4, got '4' (str)"),
+    ("format_version 2", manifest(lambda r: r.update(format_version=2)), "format version 2 but this Flare reads version 4"),
+    ("format_version 3: no state programs", manifest(lambda r: r.update(format_version=3)),
+     "format version 3 but this Flare reads version 4 (program contract 4: snapshot, restore and init programs"),
     ("flare_version from the future", manifest(lambda r: r.update(flare_version="99.0.0")),
      "captured by Flare 99.0.0, newer than this Flare"),
     ("flare_version not a version", manifest(lambda r: r.update(flare_version="banana")), "'banana' is not a version"),
@@ -149,6 +151,13 @@ CASES: list[tuple[str, Callable[[Path], None], str]] = [
      "state tensor v_cache has shape [4, 1024, 16, 2, 64, 1000000000]"),
     ("negative state dimension", manifest(lambda r: state_tensor(r, "pending").update(shape=[-4])),
      "state tensor pending: shape [-4] needs integers >= 1"),
+    ("checkpoint store without rows", manifest(lambda r: r["state"]["layout"].update(checkpoint_rows=0)),
+     "state has checkpoint tensors but no paged cache with state.layout.checkpoint_rows >= 1"),
+    ("checkpoint rows of too few pages", manifest(lambda r: state_tensor(r, "checkpoint_k").update(shape=[4, 256, 16, 2, 64])),
+     "state tensor checkpoint_k is [4, 256, 16, 2, 64] float32, but 2 checkpoint rows beside k_cache need [4, 512, 16, 2, 64]"),
+    ("checkpoint store without the draft's KV", manifest(lambda r: r["state"].update(
+        tensors=[t for t in r["state"]["tensors"] if t["name"] != "checkpoint_draft_v"])),
+     "state has one of draft_v_cache and checkpoint_draft_v without the other"),
     ("unknown state dtype", manifest(lambda r: state_tensor(r, "seq_lens").update(dtype="float99")),
      "state tensor seq_lens: dtype 'float99' is not one of"),
     ("program input disagrees with the state", manifest(

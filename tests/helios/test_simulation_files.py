@@ -193,7 +193,19 @@ def test_example_files_load():
 
 
 @pytest.mark.parametrize("field", ["terminal_value", "terminal_age_price"])
-def test_policy_fields_nothing_reads_yet_are_refused_naming_the_field(field):
-    """No terminal snapshots run (spec P6), so a trace asking to price them would silently change nothing."""
-    with pytest.raises(SimulationFileError, match=f"field '{field}'.*terminal snapshots"):
-        parse_trace({**TRACE, "policy": {"preset": "balanced", field: 3}}, "trace.yaml")
+def test_terminal_policy_fields_reach_the_scheduler(field):
+    """Terminal snapshots run (spec P6, issue 21): a trace may price them."""
+    trace = parse_trace({**TRACE, "policy": {"preset": "balanced", field: 3}}, "trace.yaml")
+    assert getattr(trace.policy, field) == 3
+
+
+def test_conversation_turns_name_an_earlier_turn_and_no_arrival():
+    turns = [{"id": "a", "prompt_tokens": 10, "max_tokens": 2},
+             {"id": "b", "follows": "a", "think_ms": 5, "prompt_tokens": 4, "max_tokens": 2}]
+    trace = parse_trace({**TRACE, "requests": turns, "checkpoint_rows": 2}, "trace.yaml")
+    assert trace.requests[1].follows == "a" and trace.requests[1].think_ms == 5 and trace.checkpoint_rows == 2
+    with pytest.raises(SimulationFileError, match="not an earlier request"):
+        parse_trace({**TRACE, "requests": turns[::-1]}, "trace.yaml")
+    with pytest.raises(SimulationFileError, match="arrival_ms"):
+        parse_trace({**TRACE, "requests": [turns[0], {**turns[1], "arrival_ms": 3}]}, "trace.yaml")
+

@@ -327,3 +327,32 @@ def test_S8_preseeded_history_starts_speculation_at_the_width_it_supports():
 
     assert first_round_width(preseed=True) == 8
     assert first_round_width(preseed=False) < 8
+
+
+def test_conversation_turns_restore_the_previous_turns_checkpoint():
+    """Issue 21: follow-up turns restore the terminal checkpoint of the turn they extend and prefill
+    only the new part; without reuse every turn prefills its whole prompt. Nothing stalls."""
+    import dataclasses
+    from pathlib import Path
+
+    from flare_contract.graphs import GraphKind
+    from helios.sim.files import load_catalog, load_trace
+    from helios.sim.simulator import simulate
+
+    here = Path(__file__).resolve().parents[2] / "examples" / "simulation" / "conversations"
+    catalog, trace = load_catalog(here / "catalog.yaml"), load_trace(here / "trace.yaml")
+    on = simulate(catalog, dataclasses.replace(trace, reuse=True))
+    off = simulate(catalog, dataclasses.replace(trace, reuse=False))
+    assert not on.stalled and not off.stalled
+    for outcome in on.requests:
+        first_turn = outcome.id.endswith("t1")
+        assert (outcome.cached_tokens == 0) == first_turn
+        if not first_turn:  # the previous prompt and answer, less the pending last token
+            assert outcome.prompt_tokens - outcome.cached_tokens == 120 + 1
+        assert outcome.tokens == 64
+    assert all(o.cached_tokens == 0 for o in off.requests)
+    kinds = {p.graph.kind for p in on.plans}
+    assert {GraphKind.RESTORE, GraphKind.SNAPSHOT} <= kinds
+    assert not {GraphKind.RESTORE, GraphKind.SNAPSHOT} & {p.graph.kind for p in off.plans}
+    # the same turn's prompt is the same length either way: reuse changes the work, not the tokens
+    assert [o.prompt_tokens for o in on.requests] == [o.prompt_tokens for o in off.requests]

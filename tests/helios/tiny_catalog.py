@@ -22,7 +22,8 @@ import torch
 # speculative variant, and a copy (prompt lookup) program: the engine's speculation paths.
 PROGRAMS = ("prefill_p64", "prefill_p256", "decode_b1", "decode_b2", "decode_b4", "spec_b2_d0_w1_p2",
             "spec_b2_d1_w2_p4", "spec_b4_d3_w4_p8_ragged_pl", "spec_b2_d1_w2_p4_copy",
-            "mixed_b2_w1_p64", "mixed_b2_w2_p256_spec")
+            "mixed_b2_w1_p64", "mixed_b2_w2_p256_spec", "snapshot_b1", "snapshot_b2", "restore_b1", "restore_b2",
+            "init_b2")
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("ignition/models", "ignition/capture", "ignition/capacity", "ignition/recipes", "helios/ops",
            "helios/catalog/load.py", "tests/helios/tiny_catalog.py")  # the slice's own definition too
@@ -51,12 +52,14 @@ def tiny_catalog_path(base: Path) -> Path:
     from ignition.capture import write_catalog
     from ignition.capture.pipeline import model_source
     from ignition.recipes import load_recipe
+    from ignition.recipes.schema import CheckpointDefaults
 
     folder = base / "catalog"
     with open(base / "capture.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "catalog.yaml").is_file():
-            recipe = load_recipe("flare-tiny").resolve()
+            # Two checkpoint rows (the bundled recipe keeps 8 of 20 MiB each): enough to test state programs.
+            recipe = dataclasses.replace(load_recipe("flare-tiny").resolve(), checkpoints=CheckpointDefaults(rows=2))
             # The slice keeps the shapes it had with 4 slots (R = 8), whatever the bundled recipe declares now.
             plan = plan_capacity(recipe, CapacityOptions(concurrency=4, speculative_token_capacity=8, mixed_prefill=True))
             graphs = tuple(g for g in plan.graphs if g.id in PROGRAMS)
@@ -84,7 +87,7 @@ def eager_programs(catalog):
     target, draft = bundled_checkpoints()
     layout_fields = catalog.state.layout
     layout = StateLayout(layout_fields["request_slots"], layout_fields["page_size"], layout_fields["num_pages"],
-                         layout_fields["max_pages_per_slot"])
+                         layout_fields["max_pages_per_slot"], checkpoint_rows=layout_fields.get("checkpoint_rows", 0))
     has_draft = any(t.name.startswith("draft") for t in catalog.state.tensors)  # captured with learned drafts
     weights = {**target.weights, **({f"draft.{k}": t for k, t in draft.weights.items()} if has_draft else {})}
     built = {}

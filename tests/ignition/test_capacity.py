@@ -292,8 +292,9 @@ def test_plan_requires_known_dimensions():
 def test_flare_tiny_catalog_stays_small():
     """Capturing the bundled default must stay quick: tens of programs, even with mixed."""
     recipe = load_recipe("flare-tiny")
-    assert len(plan_capacity(recipe).graphs) <= 40  # 16 request slots (issue 22): 38
-    assert len(plan_capacity(recipe, CapacityOptions(mixed_prefill=True)).graphs) <= 80
+    # 16 request slots (issue 22): 38, and 15 state programs (snapshot, restore, init at B = 1..16, issue 21)
+    assert len(plan_capacity(recipe).graphs) <= 55
+    assert len(plan_capacity(recipe, CapacityOptions(mixed_prefill=True)).graphs) <= 95
 
 
 # -- properties ------------------------------------------------------------------------------------
@@ -373,3 +374,19 @@ def test_C10_plan_max_packed_tokens_is_the_largest_graph_extent(env):
     extents = [g.prefill_capacity + (g.batch_capacity - 1) * g.width if g.kind is GraphKind.MIXED
                else g.prefill_capacity or g.aggregate for g in graphs]
     assert max(g.max_packed_tokens for g in graphs) == max(extents)
+
+
+def test_state_programs_at_every_request_bucket_only_with_a_checkpoint_store():
+    """snapshot, restore and init at B = 1, 2, 4 for concurrency 3; a recipe without checkpoint rows plans none."""
+    from ignition.recipes.schema import CheckpointDefaults
+
+    recipe = load_recipe("flare-tiny")
+    kept = plan_capacity(dataclasses.replace(recipe, checkpoints=CheckpointDefaults(rows=3)), CapacityOptions(concurrency=3))
+    state = [g for g in kept.graphs if g.kind.value in ("snapshot", "restore", "init")]
+    assert [(g.kind.value, g.batch_capacity) for g in state] == [
+        (kind, b) for kind in ("snapshot", "restore", "init") for b in (1, 2, 4)]
+    assert all(g.width == 1 and not g.prefill_capacity and not g.proposal_depth for g in state)
+    assert kept.envelope.checkpoint_rows == 3
+    bare = plan_capacity(dataclasses.replace(recipe, checkpoints=CheckpointDefaults(rows=0)), CapacityOptions(concurrency=3))
+    assert not [g for g in bare.graphs if g.kind.value in ("snapshot", "restore", "init")]
+    assert [g.id for g in bare.graphs] == [g.id for g in kept.graphs if g not in state]

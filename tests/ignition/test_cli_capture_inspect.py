@@ -58,8 +58,9 @@ def test_capture_then_inspect_json_reports_the_catalog(captured):
 def test_capture_prints_a_summary_with_counts_size_and_time(cli_capture):
     result = cli_capture  # the one capture of these programs, and what it printed (tests/conftest.py)
     assert result.exit_code == 0
-    assert "captured 3 programs (decode 1, prefill 1, scored_prefill 1)" in result.stdout
-    assert "load checkpoint" in result.stderr and "export 3 programs" in result.stderr
+    # prefill, scored prefill and decode, and the recipe's state programs at B = 1 (snapshot, restore, init)
+    assert "captured 6 programs (decode 1, init 1, prefill 1, restore 1, scored_prefill 1, snapshot 1)" in result.stdout
+    assert "load checkpoint" in result.stderr and "export 6 programs" in result.stderr
     assert (cli_capture.folder / "catalog.yaml").is_file()
 
 

@@ -70,6 +70,7 @@ def test_flare_tiny_declares_the_issue_defaults():
     cap = recipe.capacity
     assert (cap.concurrency, cap.prompt_buckets, cap.drafts) == (16, (64, 256, 1024, 4096), 3)  # issue 22: 16 streams
     assert (recipe.compile.mode, recipe.compile.kinds) == ("aoti", ("prefill", "decode"))
+    assert recipe.checkpoints.rows == 8  # issue 21: 160 MiB of checkpoint store (docs/checkpoints.md)
     assert set(cap.proposal_sources) == {"learned", "copy"}
     assert recipe.dtype == "float32" and recipe.dims.context_length >= 4096
     assert recipe.draft is not None and recipe.draft.dimensions.vocab_size == recipe.dims.vocab_size
@@ -122,6 +123,8 @@ def test_missing_recipe_file_says_so(tmp_path):
         (lambda d: d["capacity"].update(drafts=8), "capacity.drafts", "completion_token_capacity"),
         (lambda d: d.pop("draft"), "draft", "'learned'"),
         (lambda d: d.update(kv_page_size=12), "kv_page_size", "power of two"),
+        (lambda d: d.update(checkpoints={"rows": -1}), "checkpoints.rows", "0 through 256"),
+        (lambda d: d.update(checkpoints={"slots": 4}), "checkpoints.slots", "unknown field"),
         (lambda d: d["capacity"].update(speculative_token_capacity=0), "capacity.speculative_token_capacity",
          "integer >= 1"),
         (lambda d: d["target"]["dimensions"].update(num_key_value_heads=4), "target.dimensions",

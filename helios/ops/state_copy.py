@@ -1,0 +1,131 @@
+"""``flare::`` ops of the state programs (snapshot, restore, init; docs/checkpoints.md), Python kernels.
+
+A snapshot copies a request slot's committed state into a checkpoint row, a
+restore copies a row back into a slot, an init clears a slot's per-slot
+state. The programs compute each row's page lists in the graph and call:
+
+- ``copy_kv_positions``: the first ``tokens[b]`` positions of each active row,
+  from the pages ``src_pages[b]`` of one paged cache to the pages
+  ``dst_pages[b]`` of another (whole pages, then the partial last page's
+  first positions; nothing past ``tokens[b]`` is written);
+- ``copy_rows``: ``dst[dst_index[b]] = src[src_index[b]]`` (pending token,
+  token history);
+- ``copy_lengths``: the committed length, which must equal ``tokens[b]`` (a
+  snapshot of fewer positions than the slot committed would pair the KV of a
+  prefix with the history of the whole);
+- ``zero_rows``: ``dst[index[b]] = 0``.
+
+A row with ``tokens[b] <= 0`` (``active[b]`` false for ``zero_rows``) is
+inactive and writes nothing. The work follows the copied positions, not the
+programs' capacities. These kernels are plain torch, so one registration
+serves CPU and CUDA tensors; they have no native twin yet (a state operation
+runs once per checkpoint, not once per token).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SCHEMAS = {
+    "copy_kv_positions": "copy_kv_positions(Tensor(a0!) dst_k, Tensor(a1!) dst_v, Tensor src_k, Tensor src_v, "
+                         "Tensor dst_pages, Tensor src_pages, Tensor tokens) -> ()",
+    "copy_rows": "copy_rows(Tensor(a0!) dst, Tensor src, Tensor dst_index, Tensor src_index, Tensor tokens) -> ()",
+    "copy_lengths": "copy_lengths(Tensor(a0!) dst, Tensor src, Tensor dst_index, Tensor src_index, "
+                    "Tensor tokens) -> ()",
+    "zero_rows": "zero_rows(Tensor(a0!) dst, Tensor index, Tensor active) -> ()",
+}
+
+_LIBRARY = torch.library.Library("flare", "FRAGMENT")  # kept alive for the process: dropping it removes the ops
+for _schema in SCHEMAS.values():
+    _LIBRARY.define(_schema)
+
+
+def _active(tokens: torch.Tensor) -> list[tuple[int, int]]:
+    return [(b, n) for b, n in enumerate(tokens.tolist()) if n > 0]
+
+
+def copy_kv_positions(dst_k: torch.Tensor, dst_v: torch.Tensor, src_k: torch.Tensor, src_v: torch.Tensor,
+                      dst_pages: torch.Tensor, src_pages: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Caches are ``[layers, pages, page_size, heads, head_dim]``; page lists ``[B, max_pages]``."""
+    page_size = src_k.shape[2]
+    for b, count in _active(tokens):
+        full, rest = divmod(count, page_size)
+        blocks = full + (1 if rest else 0)
+        if blocks > src_pages.shape[1]:
+            raise ValueError(f"row {b}: {count} positions exceed {src_pages.shape[1]} pages of {page_size}")
+        source, target = src_pages[b, :blocks].long(), dst_pages[b, :blocks].long()
+        if bool((source < 0).any()) or bool((target < 0).any()):
+            raise ValueError(f"row {b}: a page of positions 0..{count - 1} is missing (-1) in the "
+                             "source or destination page list; reserve every page before a state copy")
+        for dst, src in ((dst_k, src_k), (dst_v, src_v)):
+            if full:
+                dst[:, target[:full]] = src[:, source[:full]]
+            if rest:
+                dst[:, target[full], :rest] = src[:, source[full], :rest]
+
+
+def _indices(dst: torch.Tensor, src: torch.Tensor, dst_index: torch.Tensor, src_index: torch.Tensor,
+             tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    rows = [b for b, _ in _active(tokens)]
+    to, frm = dst_index[rows].long(), src_index[rows].long()
+    for name, index, size in (("destination", to, dst.shape[0]), ("source", frm, src.shape[0])):
+        if index.numel() and not (0 <= int(index.min()) and int(index.max()) < size):
+            raise ValueError(f"{name} rows {index.tolist()} outside 0..{size - 1}")
+    if to.unique().numel() != to.numel():
+        raise ValueError(f"active rows share a destination ({to.tolist()}): each appears in at most one row")
+    return to, frm, rows
+
+
+def copy_rows(dst: torch.Tensor, src: torch.Tensor, dst_index: torch.Tensor, src_index: torch.Tensor,
+              tokens: torch.Tensor) -> None:
+    to, frm, _ = _indices(dst, src, dst_index, src_index, tokens)
+    if to.numel():
+        dst.index_put_((to,), src[frm])
+
+
+def copy_lengths(dst: torch.Tensor, src: torch.Tensor, dst_index: torch.Tensor, src_index: torch.Tensor,
+                 tokens: torch.Tensor) -> None:
+    to, frm, rows = _indices(dst, src, dst_index, src_index, tokens)
+    if not to.numel():
+        return
+    expected = tokens[rows].to(src.dtype)
+    if not torch.equal(src[frm], expected):
+        raise ValueError(f"committed lengths {src[frm].tolist()} differ from the copied positions "
+                         f"{expected.tolist()}: a state copy takes a slot's whole committed state")
+    dst.index_put_((to,), expected.to(dst.dtype))
+
+
+def zero_rows(dst: torch.Tensor, index: torch.Tensor, active: torch.Tensor) -> None:
+    rows = index[active].long()
+    if rows.numel() and not (0 <= int(rows.min()) and int(rows.max()) < dst.shape[0]):
+        raise ValueError(f"rows {rows.tolist()} outside 0..{dst.shape[0] - 1}")
+    if rows.numel():
+        dst[rows] = 0
+
+
+KERNELS = {"copy_kv_positions": copy_kv_positions, "copy_rows": copy_rows, "copy_lengths": copy_lengths,
+           "zero_rows": zero_rows}
+
+for _name, _kernel in KERNELS.items():
+    for _key in ("CPU", "CUDA"):
+        _LIBRARY.impl(_name, _kernel, _key)
+
+
+@torch.library.register_fake("flare::copy_kv_positions", lib=_LIBRARY)
+def _(dst_k, dst_v, src_k, src_v, dst_pages, src_pages, tokens) -> None:
+    return None
+
+
+@torch.library.register_fake("flare::copy_rows", lib=_LIBRARY)
+def _(dst, src, dst_index, src_index, tokens) -> None:
+    return None
+
+
+@torch.library.register_fake("flare::copy_lengths", lib=_LIBRARY)
+def _(dst, src, dst_index, src_index, tokens) -> None:
+    return None
+
+
+@torch.library.register_fake("flare::zero_rows", lib=_LIBRARY)
+def _(dst, index, active) -> None:
+    return None
