@@ -64,10 +64,17 @@ class RunOptions:
     queue_timeout: float | None = None  # seconds a request may wait for a slot (None: no limit)
     log_requests: bool = True  # an access-log line on stdout per finished request (--disable-log-requests)
     log_stats_interval: float = 10.0  # seconds between stats lines on stdout; 0: none (--log-stats-interval)
+    prefix_reuse: bool = True  # --prefix-reuse/--no-prefix-reuse (catalogs with a checkpoint store)
+    terminal_value: float | None = None  # --scheduler-terminal-value (None: the policy's)
+    terminal_age_price: float | None = None  # --scheduler-terminal-age-price
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_PRESETS:
             raise LaunchError(f"--scheduler-policy {self.policy!r} is unknown; use one of {', '.join(POLICY_PRESETS)}")
+        for flag, value in (("--scheduler-terminal-value", self.terminal_value),
+                            ("--scheduler-terminal-age-price", self.terminal_age_price)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise LaunchError(f"{flag} must be a finite number >= 0, got {value}")
         if self.alpha is not None and not (math.isfinite(self.alpha) and self.alpha > 0):
             raise LaunchError(f"--mtp-adaptive-verification-alpha must be a finite number > 0, got {self.alpha}")
         if self.speculation not in SPECULATION_MODES:
@@ -91,14 +98,15 @@ class RunOptions:
                               "does not exist")
 
     def policy_config(self) -> PolicyConfig:
-        return PolicyConfig.preset(self.policy, adaptive_verification_alpha=self.alpha)
+        return PolicyConfig.preset(self.policy, adaptive_verification_alpha=self.alpha,
+                                   terminal_value=self.terminal_value, terminal_age_price=self.terminal_age_price)
 
     def engine_config(self, catalog: Catalog) -> EngineConfig:
         """Threads default to every core: the device worker's program calls are the hot path."""
         threads = self.threads or os.cpu_count() or 1
         return EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]),
                             speculative_width=self.speculative_width, max_waiting=self.max_waiting,
-                            queue_timeout_s=self.queue_timeout)
+                            queue_timeout_s=self.queue_timeout, prefix_reuse=self.prefix_reuse)
 
     def check_selection(self, catalog: Catalog) -> None:
         """``--speculation``/``--speculative-width`` must name programs the catalog has (spec C6, Y3)."""
