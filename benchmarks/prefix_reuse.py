@@ -8,9 +8,11 @@ runs on each:
 
 1. a 4-turn chat: a system prompt, then each turn adds a user message and the
    model's answer, so the prompt grows to about 2,000 tokens; TTFT per turn;
-2. 16 concurrent completions sharing a 1,500-token prefix, sent after one
-   request with that prefix alone: prompt tokens computed (prompt tokens less
+2. 16 concurrent chats sharing a 1,500-token system prompt, sent after one
+   chat with that prompt alone: prompt tokens computed (prompt tokens less
    `usage.prompt_tokens_details.cached_tokens`), output tokens/s, wall time.
+   A shared prefix is reused where it ends at a message end (K1 anchors);
+   a plain completion's only anchor is its whole prompt.
 
 It prints, per round and reuse setting, those figures, the checkpoint memory
 held and the share of device time in restore/snapshot programs (both from
@@ -95,13 +97,20 @@ def chat(base: str, rng: random.Random) -> list[tuple[float, int, int]]:
 
 
 def shared_prefix(base: str, rng: random.Random) -> dict:
-    prefix = text_of(330, rng)
-    bodies = [{"model": "flare-tiny", "prompt": f"{prefix} {text_of(8, rng)}", "max_tokens": 32} for _ in range(17)]
+    """16 chats sharing a ~1,500-token system prompt (a message end, so a K1 anchor), each with its own
+    question. One unrelated chat first lets the server measure its programs (unknown costs arm no extra
+    capture, K2), then one chat with the shared prompt alone, then the 16 at once."""
+    system = {"role": "system", "content": text_of(700, rng)}
+    ask = lambda words: {"model": "flare-tiny", "max_tokens": 32,
+                         "messages": [system, {"role": "user", "content": text_of(words, rng)}]}
     with httpx.Client(base_url=base, timeout=600.0) as client:
-        streamed(client, "/v1/completions", bodies[0])  # the prefix is prefilled once, alone
+        streamed(client, "/v1/chat/completions", {"model": "flare-tiny", "max_tokens": 8,
+                                                  "messages": [{"role": "user", "content": text_of(40, rng)}]})
+        streamed(client, "/v1/chat/completions", ask(12))  # the shared prompt is prefilled once, alone
+        bodies = [ask(12) for _ in range(16)]
         began = time.perf_counter()
         with ThreadPoolExecutor(16) as pool:
-            results = list(pool.map(lambda b: streamed(client, "/v1/completions", b), bodies[1:]))
+            results = list(pool.map(lambda b: streamed(client, "/v1/chat/completions", b), bodies))
         wall = time.perf_counter() - began
     computed = sum(p - c for _, p, c, _ in results)
     output = sum(o for *_, o in results)

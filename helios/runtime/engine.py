@@ -396,8 +396,9 @@ class HeliosEngine:
         """Load every program and call it once with all rows inactive (which mutates nothing)."""
         for graph in self.scheduler.graphs:
             entry = self.catalog.entry(graph.id)
+            state = self.executor.state  # persistent state is passed by name; a program may only read some of it
             inputs = {a.name: torch.zeros(a.shape, dtype=getattr(torch, a.dtype))
-                      for a in entry.inputs if a.weights is None and not a.mutated}
+                      for a in entry.inputs if a.weights is None and not a.mutated and a.name not in state}
             if "prefill_row" in inputs:
                 inputs["prefill_row"].fill_(-1)
             program = self.executor.program_for(graph.id)

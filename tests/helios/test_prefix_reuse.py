@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import torch
+
 from engine_driver import serve, wait_idle
 from eager_target import assert_same_or_near_tie
 from helios.runtime.engine import EngineConfig, HeliosEngine
@@ -72,6 +74,9 @@ def test_rows_in_use_are_never_evicted_and_every_row_comes_back(catalog, eager):
     """More captures than rows: K3 evicts published checkpoints only, and the engine ends idle with
     every armed destination given back (a row armed forever would leave no destination at all)."""
     engine = make_engine(catalog, eager)
+    before = {name: t.clone() for name, t in engine.executor.state.items()}
+    engine.warm_up()  # every program once with all rows inactive, state programs included: nothing changes
+    assert all(torch.equal(before[name], t) for name, t in engine.executor.state.items())
     texts = [f"request number {i} talks about {word}" for i, word in enumerate(("rivers", "copper", "maps", "owls"))]
 
     async def body(engine):
