@@ -41,6 +41,10 @@ def run(
     choices: Optional[List[str]] = typer.Option(
         None, "--scheduler-choice", help="FIELD=0|1, a price-flow choice of the policy (repeatable; docs/scheduling-utility.md)."),
     alpha: Optional[float] = typer.Option(None, "--mtp-adaptive-verification-alpha", help="Finite, > 0."),
+    terminal_value: Optional[float] = typer.Option(
+        None, "--scheduler-terminal-value", help="Value of a terminal snapshot (P6), default 256; finite, >= 0."),
+    terminal_age_price: Optional[float] = typer.Option(
+        None, "--scheduler-terminal-age-price", help="Cost of a finished request's wait for its snapshot, value/ms^2, default 1; finite, >= 0."),
     speculation: str = typer.Option("adaptive", "--speculation", help="off | fixed | adaptive."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this bearer token (or set FLARE_API_KEY)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads [default: every core]."),
@@ -58,6 +62,9 @@ def run(
         False, "--disable-log-requests", help="No access-log line on stdout per finished request."),
     log_stats_interval: float = typer.Option(
         10.0, "--log-stats-interval", help="Seconds between stats lines on stdout (running, waiting, pages, tokens/s); 0: none."),
+    prefix_reuse: bool = typer.Option(
+        True, "--prefix-reuse/--no-prefix-reuse",
+        help="Restore retained checkpoints for prompts that extend them, and capture new ones (catalogs with a checkpoint store)."),
 ) -> None:
     """Serve a catalog over an OpenAI-compatible HTTP API (docs/cli.md, docs/runtime.md)."""
     import logging
@@ -71,7 +78,8 @@ def run(
                              api_key, threads, speculative_width, dump_estimates, trust_catalog=trust_catalog,
                              max_waiting=max_waiting, queue_timeout=queue_timeout,
                              log_requests=not disable_log_requests, log_stats_interval=log_stats_interval,
-                             choices=tuple(choices or ()))
+                             choices=tuple(choices or ()), prefix_reuse=prefix_reuse,
+                             terminal_value=terminal_value, terminal_age_price=terminal_age_price)
         serve_catalog(options)
     except (LaunchError, CatalogError) as exc:
         stderr.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)

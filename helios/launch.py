@@ -67,10 +67,17 @@ class RunOptions:
     # --scheduler-choice FIELD=0|1: PolicyConfig's price-flow choices (docs/scheduling-utility.md,
     # "Departures from the spec"), applied after the preset
     choices: tuple[str, ...] = ()
+    prefix_reuse: bool = True  # --prefix-reuse/--no-prefix-reuse (catalogs with a checkpoint store)
+    terminal_value: float | None = None  # --scheduler-terminal-value (None: the policy's)
+    terminal_age_price: float | None = None  # --scheduler-terminal-age-price
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_PRESETS:
             raise LaunchError(f"--scheduler-policy {self.policy!r} is unknown; use one of {', '.join(POLICY_PRESETS)}")
+        for flag, value in (("--scheduler-terminal-value", self.terminal_value),
+                            ("--scheduler-terminal-age-price", self.terminal_age_price)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise LaunchError(f"{flag} must be a finite number >= 0, got {value}")
         if self.alpha is not None and not (math.isfinite(self.alpha) and self.alpha > 0):
             raise LaunchError(f"--mtp-adaptive-verification-alpha must be a finite number > 0, got {self.alpha}")
         if self.speculation not in SPECULATION_MODES:
@@ -96,7 +103,8 @@ class RunOptions:
         parse_choices(self.choices)
 
     def policy_config(self) -> PolicyConfig:
-        preset = PolicyConfig.preset(self.policy, adaptive_verification_alpha=self.alpha)
+        preset = PolicyConfig.preset(self.policy, adaptive_verification_alpha=self.alpha,
+                                     terminal_value=self.terminal_value, terminal_age_price=self.terminal_age_price)
         return replace(preset, **parse_choices(self.choices))
 
     def engine_config(self, catalog: Catalog) -> EngineConfig:
@@ -104,7 +112,7 @@ class RunOptions:
         threads = self.threads or os.cpu_count() or 1
         return EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]),
                             speculative_width=self.speculative_width, max_waiting=self.max_waiting,
-                            queue_timeout_s=self.queue_timeout)
+                            queue_timeout_s=self.queue_timeout, prefix_reuse=self.prefix_reuse)
 
     def check_selection(self, catalog: Catalog) -> None:
         """``--speculation``/``--speculative-width`` must name programs the catalog has (spec C6, Y3)."""

@@ -37,6 +37,7 @@ from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
 from helios.catalog.load import Catalog
 from helios.runtime.detokenize import OutputText
 from helios.runtime.engine_api import (
+    CheckpointStats,
     EngineStats,
     EngineUnavailable,
     ExecutionTotals,
@@ -63,12 +64,15 @@ from helios.runtime.executor import (
     row_sampling,
     takes_host_drafts,
 )
+from helios.runtime.checkpoint_store import CheckpointStore
 from helios.runtime.pages import PageAllocator, PageLayout
+from helios.runtime.state_ops import STATE_KINDS, BoundState, StateResult, StoreShape, bind_state, state_copies
 from helios.scheduler import Scheduler
 from helios.scheduler.config import SPECULATION_MODES, PolicyConfig
 from helios.scheduler.core import RequestView
 from helios.scheduler.types import (
     AdmitRequest,
+    CompletionRecord,
     ExecutionTiming,
     GeneratedToken,
     LanePhase,
@@ -99,6 +103,7 @@ class EngineConfig:
     speculative_width: int | None = None  # adaptive: widest W to load; fixed: the one W (None: the widest)
     max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which submit refuses (503)
     queue_timeout_s: float | None = None  # longest wait for a slot before QueueTimeout (None: no limit)
+    prefix_reuse: bool = True  # restore retained checkpoints and capture new ones, where the catalog has a store
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -190,6 +195,8 @@ class Live:
     prompt_scores: list[TokenLogprob] = field(default_factory=list)  # scored prompt tokens 1.. so far (C1)
     prompt_reported: bool = False  # the prompt's scores went out (on the first delta)
     done: bool = False  # its last delta (or failure) was delivered
+    cached_tokens: int = 0  # prompt tokens restored from a checkpoint (usage's cached_tokens)
+    restoring: Any = None  # the checkpoint its restore reads, until that completes (CheckpointStore)
 
     def history(self) -> list[int]:
         return [*self.request.prompt_token_ids, *self.output]
@@ -307,6 +314,7 @@ class HeliosEngine:
         self.pages = PageAllocator(PageLayout(layout["request_slots"], layout["page_size"],
                                               layout["num_pages"], layout["max_pages_per_slot"]))
         self._page_table = PageTable(self.pages.layout)
+        self.checkpoints = CheckpointStore(catalog.checkpoint_rows if config.prefix_reuse else 0)
         graphs = self._graphs()
         self._max_width = max((g.width for g in graphs), default=1)
         self.context_length = _context_length(catalog, graphs, self.pages.layout)
@@ -315,6 +323,8 @@ class HeliosEngine:
         self._sources = tuple(sorted({g.proposal_source for g in graphs if g.draws_proposals}))
         state = catalog.allocate_state(config.device)
         self.executor = Executor(state, program_for or catalog.program, self._eos, config.device)
+        self.checkpoints.row_bytes = _checkpoint_row_bytes(state, self.checkpoints.rows)
+        self._store_shape = StoreShape.of(state)
         self._events: queue.Queue = queue.Queue()
         self._work: queue.Queue = queue.Queue()
         self._waiting: WaitingLine[Live] = WaitingLine(config.max_waiting, config.queue_timeout_s)
@@ -338,7 +348,13 @@ class HeliosEngine:
         return any(g.kind is GraphKind.SCORED_PREFILL for g in self.scheduler.graphs)
 
     def _graphs(self) -> tuple[GraphDescriptor, ...]:
-        return select_programs(self.catalog.descriptors, self.config.speculation, self.config.speculative_width)
+        """The inference programs the speculation mode keeps, plus the restore and snapshot programs
+        when the catalog keeps a checkpoint store and prefix reuse is on (init is never needed here)."""
+        graphs = select_programs(self.catalog.descriptors, self.config.speculation, self.config.speculative_width)
+        if not self.checkpoints.enabled:
+            return graphs
+        state = tuple(g for g in self.catalog.state_descriptors if g.kind in (GraphKind.RESTORE, GraphKind.SNAPSHOT))
+        return graphs + state
 
     def learned_durations(self) -> dict[str, int]:
         """Program id -> the scheduler's current duration estimate (ns), for programs it has measured."""
@@ -387,8 +403,9 @@ class HeliosEngine:
         """Load every program and call it once with all rows inactive (which mutates nothing)."""
         for graph in self.scheduler.graphs:
             entry = self.catalog.entry(graph.id)
+            state = self.executor.state  # persistent state is passed by name; a program may only read some of it
             inputs = {a.name: torch.zeros(a.shape, dtype=getattr(torch, a.dtype))
-                      for a in entry.inputs if a.weights is None and not a.mutated}
+                      for a in entry.inputs if a.weights is None and not a.mutated and a.name not in state}
             if "prefill_row" in inputs:
                 inputs["prefill_row"].fill_(-1)
             program = self.executor.program_for(graph.id)
@@ -494,7 +511,13 @@ class HeliosEngine:
                 accepting=self._accepting,
                 shed_waiting_full=self._waiting.refused,
                 shed_queue_timeout=self._waiting.timed_out,
+                checkpoints=self._checkpoint_stats(),
             )
+
+    def _checkpoint_stats(self) -> CheckpointStats:
+        store, c = self.checkpoints, self.checkpoints.counters
+        return CheckpointStats(store.rows, len(store.index), store.bytes_held, c.hits, c.misses, c.cached_tokens,
+                               c.captures, c.evictions)
 
     def frame_counters(self) -> _Counters:
         """A copy of the frame counters (tests and benchmarks)."""
@@ -583,7 +606,11 @@ class HeliosEngine:
         self._release_if_idle(live)
 
     def _release_if_idle(self, live: Live) -> None:
-        if live.done and self.scheduler.inflight(live.handle) == 0 and self._by_slot.get(live.handle.slot) is live:
+        """Free the slot once the request ended, no frame names it and no terminal snapshot holds it (P6)."""
+        if (live.done and self.scheduler.inflight(live.handle) == 0 and not self.scheduler.holds(live.handle)
+                and self._by_slot.get(live.handle.slot) is live):
+            self.checkpoints.released(live.handle, live.restoring)
+            live.restoring = None
             del self._by_slot[live.handle.slot]
             self._by_id.pop(live.request.request_id, None)
             self.pages.release(live.handle.slot)
@@ -606,23 +633,32 @@ class HeliosEngine:
                 return
             self._waiting.popleft()
             try:
-                live.handle = self.scheduler.admit(self._admission(live.request))
+                live.handle = self.scheduler.admit(self._admission(live))
             except Exception as error:  # this request's admission: fail it, keep serving the rest
                 log.error("admission of request %s failed", live.request.request_id, exc_info=error)
-                live.done = True
+                self.checkpoints.released(None, live.restoring)
+                live.done, live.restoring, live.cached_tokens = True, None, 0
                 live.deliver(GenerationFailed(f"the request could not be admitted: {error}"))
                 self._by_id.pop(live.request.request_id, None)
                 continue
+            self.checkpoints.admitted(live.handle, live.restoring)
             self.pages.claim(live.handle.slot, positions)
             self._by_slot[live.handle.slot] = live
 
-    def _admission(self, request: GenerationRequest) -> AdmitRequest:
+    def _admission(self, live: Live) -> AdmitRequest:
+        request = live.request
         speculate = self.config.speculation != "off"
+        # a scored prompt needs every position's score, so it restores nothing (C1)
+        reuse, live.restoring = self.checkpoints.admission(request.prompt_token_ids, request.endpoints,
+                                                           reuse=request.prompt_logprobs is None)
+        live.cached_tokens = reuse.cached_tokens
         return AdmitRequest(
             prompt_tokens=len(request.prompt_token_ids), max_tokens=request.max_tokens,
-            context_limit=self.context_length, endpoints=request.endpoints,
+            context_limit=self.context_length, cached_tokens=reuse.cached_tokens, endpoints=request.endpoints,
             proposal_sources=self._sources if speculate else (), greedy=request.sampling.greedy,
             scored_prompt=request.prompt_logprobs is not None,
+            restore_row=reuse.restore_row, snapshot_points=reuse.snapshot_points,
+            terminal_snapshot=reuse.terminal_snapshot,
         )
 
     def _fill_frames(self) -> None:
@@ -651,14 +687,17 @@ class HeliosEngine:
             frame = self._bind(plan)
             self.scheduler.commit(plan, self._fence + 1)  # checks before it changes anything
         except Exception as error:  # this frame's inputs: fail its requests, keep serving the rest
+            self._disarm(plan)
             self._fail_frame(plan, error, "preparing")
             return
         self._fence += 1
         self._counters.queued_commits += queued_behind
-        self._work.put((self._fence, frame, time.monotonic_ns()))
+        self._work.put((self._fence, plan, frame, time.monotonic_ns()))
 
-    def _bind(self, plan: ScheduledPlan) -> BoundFrame:
+    def _bind(self, plan: ScheduledPlan) -> BoundFrame | BoundState:
         """Reserve the lanes' pages and pack the frame's inputs (nothing is committed yet)."""
+        if plan.graph.kind in STATE_KINDS:
+            return self._bind_state(plan)
         contexts = {}
         for lane in plan.lanes:
             live = self._by_slot[lane.handle.slot]
@@ -666,6 +705,24 @@ class HeliosEngine:
             if self.pages.reserve(lane.handle.slot, self._lane_extent(live, lane, plan)):
                 self._page_table.sync(self.pages, lane.handle.slot)
         return bind(plan, contexts, self._page_table.snapshot())
+
+    def _bind_state(self, plan: ScheduledPlan) -> BoundState:
+        """A restore reads its request's checkpoint into the slot's own pages (reserved here); a snapshot
+        writes a destination row chosen now (K3), armed until its frame completes."""
+        destinations = {}
+        try:
+            for lane in plan.lanes:
+                if lane.phase is LanePhase.RESTORE:
+                    if self.pages.reserve(lane.handle.slot, lane.checkpoint_tokens):
+                        self._page_table.sync(self.pages, lane.handle.slot)
+                elif lane.phase is LanePhase.SNAPSHOT:
+                    destinations[lane.handle] = self.checkpoints.destination(lane.handle)
+            return bind_state(plan.graph, state_copies(plan, destinations), self._page_table.snapshot(),
+                              self._store_shape)
+        except Exception:
+            for row in destinations.values():
+                self.checkpoints.abandoned(row)
+            raise
 
     def _lane_context(self, live: Live, lane: PlannedLane, plan: ScheduledPlan) -> LaneContext:
         """A prompt lane's prompt; a copy-source lane's prompt-lookup drafts (learned programs draw their own)."""
@@ -699,8 +756,12 @@ class HeliosEngine:
         if event.error is not None:
             records, timing = (), _unmeasured(event.dispatched_ns)
             self._fail_frame(plan, event.error, "running")
+        elif isinstance(event.result, StateResult):
+            records, timing = tuple(CompletionRecord(lane.handle) for lane in plan.lanes), event.result.timing
         else:
             records, timing = event.result.records, event.result.timing
+        if plan.graph.kind in STATE_KINDS:
+            self._settle_state(plan, event.result if event.error is None else None)
         try:
             generated = self._complete(event.fence, plan, records, timing)
         except Exception as error:  # e.g. records the scheduler refuses: this frame's requests fail, no others
@@ -708,7 +769,7 @@ class HeliosEngine:
             records, timing = (), _unmeasured(event.dispatched_ns)
             generated = self._retire_fence(event.fence, plan, timing)
         self._count(plan, records, timing)
-        logprobs = (event.result.logprobs if event.result is not None else None) or {}
+        logprobs = getattr(event.result, "logprobs", None) or {}
         self._gather_prompt_scores(event)
         for token in generated:
             self._publish_or_fail(self._by_slot[token.handle.slot], token, logprobs.get(token.handle, ()))
@@ -719,11 +780,39 @@ class HeliosEngine:
 
     def _gather_prompt_scores(self, event: _Finished) -> None:
         """A scored prefill's chunk scores, kept on its request until its first delta (chunks complete in order)."""
-        scores = (event.result.prompt_logprobs if event.result is not None else None) or {}
+        scores = getattr(event.result, "prompt_logprobs", None) or {}
         for handle, chunk in scores.items():
             live = self._by_slot.get(handle.slot)
             if live is not None and live.handle == handle and live.request.prompt_logprobs is not None:
                 live.prompt_scores.extend(chunk)
+
+    def _disarm(self, plan: ScheduledPlan) -> None:
+        for lane in plan.lanes:
+            if lane.phase is LanePhase.SNAPSHOT:
+                self.checkpoints.disarm(lane.handle)
+
+    def _settle_state(self, plan: ScheduledPlan, result: StateResult | None) -> None:
+        """After a state frame: restores release their source rows; a snapshot that copied publishes its
+        tokens (cache publication before the slot frees, P6), one that did not gives its row back."""
+        if result is None:
+            self._disarm(plan)
+        copied = dict(zip((c.slot for c in result.copies), result.copied)) if result is not None else {}
+        rows = {c.slot: c.row for c in result.copies} if result is not None else {}
+        for lane in plan.lanes:
+            live = self._by_slot.get(lane.handle.slot)
+            if lane.phase is LanePhase.RESTORE:
+                self.checkpoints.restored(lane.handle)
+                if live is not None and live.handle == lane.handle:
+                    live.restoring = None
+                continue
+            row = rows.get(lane.handle.slot, -1)
+            if row < 0:
+                continue
+            if live is None or live.handle != lane.handle or copied.get(lane.handle.slot, 0) != lane.checkpoint_tokens:
+                self.checkpoints.abandoned(row)
+                continue
+            self.checkpoints.captured(row, live.history()[: lane.checkpoint_tokens],
+                                      len(live.request.prompt_token_ids), live.request.endpoints)
 
     def _complete(self, fence: int, plan: ScheduledPlan, records, timing: ExecutionTiming) -> list[GeneratedToken]:
         """The completion call the program's value source and sidecars ask for (spec "Planning and the execution queue")."""
@@ -783,7 +872,7 @@ class HeliosEngine:
         if not text and reason is None:
             return  # held back: no visible output yet, so no delivery is reported
         delta = TextDelta(text, tuple(live.unreported), reason, tuple(live.unreported_logprobs),
-                          self._prompt_report(live))
+                          self._prompt_report(live), cached_tokens=live.cached_tokens)
         live.unreported.clear()
         live.unreported_logprobs.clear()
         if text:
@@ -835,12 +924,13 @@ class HeliosEngine:
             item = self._work.get()
             if item is None:
                 return
-            fence, frame, dispatched_ns = item
+            fence, plan, frame, dispatched_ns = item
             try:
-                result, error = self.executor.run(frame, dispatched_ns), None
+                run = self.executor.run_state if isinstance(frame, BoundState) else self.executor.run
+                result, error = run(frame, dispatched_ns), None
             except Exception as exc:  # one program's failure must not stop the server
                 result, error = None, exc
-            self._events.put(_Finished(fence, frame.plan, result, error, dispatched_ns))
+            self._events.put(_Finished(fence, plan, result, error, dispatched_ns))
 
 
 def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout: PageLayout) -> int:
@@ -853,6 +943,13 @@ def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout:
     """
     headroom = max((g.proposal_depth for g in graphs if g.is_prefix_limit), default=0)
     return min(int(catalog.envelope.extra.get("context_length", 1 << 30)), layout.slot_capacity - headroom)
+
+
+def _checkpoint_row_bytes(state, rows: int) -> int:
+    """Bytes one checkpoint row holds: every ``checkpoint_*`` state tensor's share."""
+    if rows <= 0:
+        return 0
+    return sum(t.numel() * t.element_size() for name, t in state.items() if name.startswith("checkpoint_")) // rows
 
 
 def _trimmed(logprobs: Sequence[TokenLogprob], top: int) -> list[TokenLogprob]:

@@ -177,6 +177,7 @@ class TextDelta:
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked for logprobs
     # the request's first delta, when it asked for prompt_logprobs: one per prompt token, the first None
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+    cached_tokens: int = 0  # the request's prompt tokens restored from a checkpoint (usage), on every delta
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +216,20 @@ class SpeculativeTotals:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointStats:
+    """The checkpoint store (prefix reuse, docs/checkpoints.md): gauges now, counters since start."""
+
+    rows: int = 0  # checkpoint rows the catalog keeps (0: no store, or prefix reuse off)
+    held: int = 0  # rows holding a published checkpoint
+    bytes_held: int = 0  # their memory
+    hits: int = 0  # admissions that restored a checkpoint
+    misses: int = 0  # admissions (with a store) that found none
+    cached_tokens: int = 0  # prompt tokens restored instead of prefilled
+    captures: int = 0  # snapshots published
+    evictions: int = 0  # checkpoints given up for a new one (K3)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot for ``/metrics`` and ``/health``. Gauges now, counters since start."""
 
@@ -227,6 +242,7 @@ class EngineStats:
     accepting: bool = True  # False while draining: /health answers 503
     shed_waiting_full: int = 0  # submissions refused because the waiting line was full (EngineOverloaded)
     shed_queue_timeout: int = 0  # requests ended by QueueTimeout before they got a slot
+    checkpoints: CheckpointStats = CheckpointStats()
 
 
 class RequestRejected(Exception):

@@ -99,7 +99,18 @@ class ChoiceSet:
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, sum(g.completion_tokens for g in self.generations))
+        return Usage(self.prompt_tokens, sum(g.completion_tokens for g in self.generations), self._cached_tokens())
+
+    def _cached_tokens(self) -> int:
+        """Prompt tokens served from a reused prefix, each prompt counted once (its first choice's), as
+        prompt_tokens counts each prompt once; never more than prompt_tokens."""
+        seen, cached = set(), 0
+        for generation in self.generations:
+            prompt = generation.request.prompt_token_ids
+            if prompt not in seen:
+                seen.add(prompt)
+                cached += generation.cached_tokens
+        return min(cached, self.prompt_tokens)
 
     @property
     def all_failed(self) -> bool:

@@ -42,6 +42,7 @@ class Generation:
     stream: bool = False  # a streamed response is a 200 whatever ends it
     log_requests: bool = False
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine restored from a checkpoint
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # every delta's, in order (when the request asked)
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # the prompt's scores (the first delta's, when asked)
@@ -85,6 +86,7 @@ class Generation:
 
     def _count(self, delta: TextDelta) -> None:
         self.completion_tokens += len(delta.token_ids)
+        self.cached_tokens = delta.cached_tokens
         self.logprobs.extend(delta.logprobs)
         if delta.prompt_logprobs:
             self.prompt_logprobs = delta.prompt_logprobs

@@ -51,6 +51,27 @@ class EngineCollector(Collector):
         yield _preemption_family(model)
         yield from _execution_families(stats, model)
         yield from _speculative_families(stats, model)
+        yield from _checkpoint_families(stats, model)
+
+
+def _checkpoint_families(stats: EngineStats, model: str) -> Iterable[Metric]:
+    """Prefix reuse (docs/checkpoints.md): lookups that restored or found nothing, tokens restored,
+    snapshots published, checkpoints evicted, and what the store holds now."""
+    c = stats.checkpoints
+    for name, documentation, value in (
+            ("flare_prefix_cache_hits", "Admissions that restored a retained checkpoint.", c.hits),
+            ("flare_prefix_cache_misses", "Admissions (with a checkpoint store) that found no checkpoint.", c.misses),
+            ("flare_prefix_cache_cached_tokens", "Prompt tokens restored from checkpoints instead of prefilled.",
+             c.cached_tokens),
+            ("flare_checkpoint_captures", "Snapshots published into the checkpoint store.", c.captures),
+            ("flare_checkpoint_evictions", "Checkpoints given up for a new one (K3).", c.evictions)):
+        family = CounterMetricFamily(name, documentation, labels=MODEL)
+        family.add_metric([model], value)
+        yield family
+    yield _gauge("flare_checkpoint_rows", "Checkpoint rows the catalog keeps (0: no store or prefix reuse off).",
+                 model, c.rows)
+    yield _gauge("flare_checkpoint_rows_held", "Checkpoint rows holding a published checkpoint.", model, c.held)
+    yield _gauge("flare_checkpoint_bytes", "Memory of the checkpoint rows holding a checkpoint.", model, c.bytes_held)
 
 
 def _gauge(name: str, documentation: str, model: str, value: float) -> GaugeMetricFamily:

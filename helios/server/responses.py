@@ -34,8 +34,8 @@ class ChoiceResult:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """A response's token counts; ``cached_tokens`` (prompt tokens served from a reused prefix) is 0
-    until the engine reuses prefixes, and is reported so clients that read it find it."""
+    """A response's token counts; ``cached_tokens``: prompt tokens restored from a checkpoint instead of
+    prefilled (prefix reuse, docs/checkpoints.md), 0 when none was."""
 
     prompt_tokens: int
     completion_tokens: int

@@ -149,6 +149,8 @@ def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(requ
     ({"choices": ("prefill_defers_decode=2",)}, "FIELD=0 or FIELD=1"),
     ({"choices": ("decode_age_price=1",)}, "token_rate_by_value, prompt_chunk_share, prefill_defers_decode"),
     ({"choices": ("prefill_defers_decode",)}, "FIELD=0 or FIELD=1"),
+    ({"terminal_value": -1.0}, "--scheduler-terminal-value must be a finite number >= 0"),
+    ({"terminal_age_price": float("nan")}, "--scheduler-terminal-age-price must be a finite number >= 0"),
 ])
 def test_run_options_refuse_bad_flags_naming_the_allowed_values(flags, complaint):
     with pytest.raises(LaunchError, match=re.escape(complaint)):
@@ -160,6 +162,18 @@ def test_scheduler_choices_reach_the_policy_after_the_preset():
     policy = options.policy_config()
     assert (policy.prefill_defers_decode, policy.token_rate_by_value, policy.decode_age_price) == (1, 1, 0.0)
     assert RunOptions(choices=("prompt_chunk_share=0",)).policy_config().prompt_chunk_share == 0
+
+
+def test_terminal_and_reuse_flags_reach_the_policy_and_the_engine():
+    """P6's prices and prefix reuse are flags that do something: they land in the scheduler's policy and the
+    engine's configuration (what the scheduler and engine then do with them is tested there)."""
+    class Device:
+        manifest = type("M", (), {"device": {"kind": "cpu"}})()
+    default = RunOptions().engine_config(Device())
+    chosen = RunOptions(terminal_value=7.0, terminal_age_price=0.25, prefix_reuse=False).engine_config(Device())
+    assert default.prefix_reuse and not chosen.prefix_reuse
+    assert (chosen.policy.terminal_value, chosen.policy.terminal_age_price) == (7.0, 0.25)
+    assert (default.policy.terminal_value, default.policy.terminal_age_price) != (7.0, 0.25)
 
 
 def test_a_bad_flag_is_one_line_on_stderr_and_exit_2(tmp_path):

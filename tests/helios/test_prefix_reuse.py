@@ -1,0 +1,93 @@
+"""Prefix reuse through the engine (issue 21): checkpoints captured by the scheduler's snapshot plans,
+restored for a later prompt that extends them, fenced while in use (docs/checkpoints.md).
+
+The tiny slice keeps two checkpoint rows. Frame programs are the eager twins;
+the state programs are the captured ones (they run no model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from engine_driver import serve, wait_idle
+from eager_target import assert_same_or_near_tie
+from helios.runtime.engine import EngineConfig, HeliosEngine
+from helios.runtime.engine_api import GenerationRequest, SamplingParams
+
+STATE_PREFIXES = ("snapshot_", "restore_", "init_")
+FIRST = "the river runs under the old bridge and the lanterns glow"
+FOLLOW = " and then the boat drifted past the mill"
+TOKENS = 12
+
+
+def make_engine(catalog, eager, reuse: bool = True) -> HeliosEngine:
+    program_for = lambda gid: catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
+    return HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, prefix_reuse=reuse),
+                        program_for=program_for)
+
+
+def greedy(rid: str, ids, tokens: int = TOKENS) -> GenerationRequest:
+    return GenerationRequest(rid, tuple(ids), tokens, SamplingParams(temperature=0.0))
+
+
+async def run(engine, request):
+    deltas = [d async for d in engine.submit(request)]
+    return [t for d in deltas for t in d.token_ids], max((d.cached_tokens for d in deltas), default=0)
+
+
+def conversation(engine):
+    """Turn 1, then turn 2 whose prompt is turn 1's prompt, its answer, and more text."""
+    first = tuple(engine.tokenizer.encode(FIRST, add_special_tokens=True))
+    follow = tuple(engine.tokenizer.encode(FOLLOW, add_special_tokens=False))
+
+    async def body(engine):
+        answer, cached_first = await run(engine, greedy("t1", first))
+        await asyncio.to_thread(wait_idle, engine)  # turn 1's terminal snapshot is published, its slot free
+        second = (*first, *answer, *follow)
+        reply, cached_second = await run(engine, greedy("t2", second))
+        return first, answer, second, reply, cached_first, cached_second, await asyncio.to_thread(wait_idle, engine)
+    return serve(engine, body)
+
+
+def test_a_follow_up_turn_restores_the_terminal_checkpoint_and_answers_as_a_full_prefill(catalog, eager):
+    assert catalog.checkpoint_rows >= 1
+    engine = make_engine(catalog, eager)
+    first, answer, second, reply, cached_first, cached_second, idle = conversation(engine)
+    plain = make_engine(catalog, eager, reuse=False)
+    _, plain_answer, _, plain_reply, _, plain_cached, _ = conversation(plain)
+
+    assert cached_first == 0 and plain_cached == 0
+    # the terminal capture covers prompt + answer less the pending last token (P6); the follow-up extends it
+    assert cached_second == len(first) + len(answer) - 1, (cached_second, len(first), len(answer))
+    assert answer == plain_answer
+    assert_same_or_near_tie(second, plain_reply, reply, what="turn 2 after a restore")
+    c = idle.checkpoints
+    assert c.hits == 1 and c.cached_tokens == cached_second and c.captures >= 2 and c.held >= 1
+    assert c.bytes_held == c.held * engine.checkpoints.row_bytes > 0
+    assert plain.stats().checkpoints.rows == 0 and plain.stats().checkpoints.captures == 0
+    engine.pages.assert_no_leaks()
+
+
+def test_rows_in_use_are_never_evicted_and_every_row_comes_back(catalog, eager):
+    """More captures than rows: K3 evicts published checkpoints only, and the engine ends idle with
+    every armed destination given back (a row armed forever would leave no destination at all)."""
+    engine = make_engine(catalog, eager)
+    before = {name: t.clone() for name, t in engine.executor.state.items()}
+    engine.warm_up()  # every program once with all rows inactive, state programs included: nothing changes
+    assert all(torch.equal(before[name], t) for name, t in engine.executor.state.items())
+    texts = [f"request number {i} talks about {word}" for i, word in enumerate(("rivers", "copper", "maps", "owls"))]
+
+    async def body(engine):
+        prompts = [tuple(engine.tokenizer.encode(t, add_special_tokens=True)) for t in texts]
+        outcomes = await asyncio.gather(*(run(engine, greedy(f"r{i}", p, 6)) for i, p in enumerate(prompts)))
+        return outcomes, await asyncio.to_thread(wait_idle, engine)
+
+    outcomes, idle = serve(engine, body)
+    assert all(len(tokens) == 6 for tokens, _ in outcomes)
+    c = idle.checkpoints
+    assert c.held <= c.rows == catalog.checkpoint_rows
+    assert c.captures > c.rows and c.evictions >= c.captures - c.rows
+    assert not engine.checkpoints._armed and not engine.checkpoints._restoring
+    engine.pages.assert_no_leaks()
