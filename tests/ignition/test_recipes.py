@@ -118,6 +118,7 @@ def test_missing_recipe_file_says_so(tmp_path):
         (lambda d: d["capacity"].update(request_buckets=[1, 32]), "capacity.request_buckets", "padded concurrency"),
         (lambda d: d.update(compile={"mode": "jit"}), "compile.mode", "none, aoti"),
         (lambda d: d.update(compile={"mode": "aoti", "kinds": ["vision"]}), "compile.kinds", "prefill, scored_prefill"),
+        (lambda d: d.update(compile={"mode": "aoti", "max_width": 0}), "compile.max_width", "below 1"),
         (lambda d: d["capacity"].update(proposal_sources=["oracle"]), "capacity.proposal_sources", "learned, copy"),
         (lambda d: d["capacity"].update(drafts=8), "capacity.drafts", "completion_token_capacity"),
         (lambda d: d.pop("draft"), "draft", "'learned'"),
