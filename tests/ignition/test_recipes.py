@@ -69,7 +69,8 @@ def test_flare_tiny_declares_the_issue_defaults():
     recipe = load_recipe("flare-tiny")
     cap = recipe.capacity
     assert (cap.concurrency, cap.prompt_buckets, cap.drafts) == (16, (64, 256, 1024, 4096), 3)  # issue 22: 16 streams
-    assert (recipe.compile.mode, recipe.compile.kinds) == ("aoti", ("prefill", "decode"))
+    assert (recipe.compile.mode, recipe.compile.kinds) == ("aoti", ("prefill", "decode", "speculative"))
+    assert recipe.compile.max_width == 1  # adaptive's width-one rounds compiled, the wider ones exported
     assert set(cap.proposal_sources) == {"learned", "copy"}
     assert recipe.dtype == "float32" and recipe.dims.context_length >= 4096
     assert recipe.draft is not None and recipe.draft.dimensions.vocab_size == recipe.dims.vocab_size
