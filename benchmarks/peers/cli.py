@@ -18,7 +18,10 @@ from benchmarks.peers.systems import HarnessError, Layout, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "ignition" / "models" / "bundled" / "flare-tiny" / "target"
-FLARE = REPO / ".venv" / "bin" / "flare"
+# The `flare` beside the interpreter running the harness: the project's .venv when run as documented, and
+# still the right one from a git worktree without its own .venv (PYTHONPATH then picks the worktree's code,
+# and the servers and clients inherit it).
+FLARE = Path(sys.executable).with_name("flare")
 WARMUP = plan.Cell(16, concurrency=16)
 
 
@@ -121,7 +124,7 @@ def _install(session: Session) -> None:
 
 def _spec(session: Session, name: str, port: int) -> systems.ServerSpec:
     if name.startswith("flare"):
-        return systems.flare_server(name, REPO, session.settings, port)
+        return systems.flare_server(name, FLARE, session.settings, port)
     if name == "vllm":
         return systems.vllm_server(session.layout, MODEL, session.settings, port)
     return systems.llama_server(session.layout, session.settings, port)

@@ -174,10 +174,10 @@ class ServerSpec:
     start_timeout_s: float = 600.0
 
 
-def flare_server(name: str, repo_root: Path, settings: Settings, port: int) -> ServerSpec:
+def flare_server(name: str, flare: Path, settings: Settings, port: int) -> ServerSpec:
     mode = name.removeprefix("flare-")
     assert mode in ("off", "adaptive"), f"unknown Flare system {name!r}"
-    argv = (str(repo_root / ".venv" / "bin" / "flare"), "run", "--host", "127.0.0.1", "--port", str(port),
+    argv = (str(flare), "run", "--host", "127.0.0.1", "--port", str(port),
             "--threads", str(settings.threads), "--speculation", mode)
     # The first start captures the bundled catalog (minutes on two cores).
     return ServerSpec(name, f"Flare (speculation {mode})", argv, start_timeout_s=1200.0)

@@ -335,6 +335,7 @@ class HeliosEngine:
         self._counters = _Counters()
         self._accepting = True
         self._threads: list[threading.Thread] = []
+        self._outbox: _Outbox | None = None  # deliveries to the event loop of the latest submit
 
     def _eos_ids(self) -> frozenset[int]:
         from tokenizers import Tokenizer
@@ -427,10 +428,12 @@ class HeliosEngine:
                                   "none", "prompt_logprobs")
         self._waiting.reserve(self.scheduler.request_slots - len(self._by_slot))  # EngineOverloaded: a 503
         loop = asyncio.get_running_loop()
+        if self._outbox is None or self._outbox.loop is not loop:
+            self._outbox = _Outbox(loop)
         deltas: asyncio.Queue = asyncio.Queue()
         live = Live(request, self._row_sampling(request),
                     OutputText(self.tokenizer, request.stop, request.include_stop_str_in_output),
-                    _deliverer(loop, deltas), self._stop_ids(request))
+                    _deliverer(self._outbox, deltas), self._stop_ids(request))
         self._events.put(_Submitted(live))
         return self._relay(request.request_id, deltas)
 
@@ -973,11 +976,40 @@ def _sidecar(records, name: str) -> list | None:
     return rows if any(row is not None for row in rows) else None
 
 
-def _deliverer(loop: asyncio.AbstractEventLoop, deltas: asyncio.Queue) -> Callable[[TextDelta | Exception], None]:
-    """Hands an item to the request's queue on its event loop (from the control thread)."""
-    def deliver(item: TextDelta | Exception) -> None:
+class _Outbox:
+    """Items for request queues on one event loop, handed over with one wake-up per burst.
+
+    Waking the loop (``call_soon_threadsafe``) is a socket write, after which
+    the control thread waits for the GIL while the loop runs: measured at
+    batch 1 (benchmarks/host_loop.py), the largest host cost of a frame. A frame
+    publishing to many requests now wakes the loop once; the loop drains
+    every item put before it ran, in order.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, TextDelta | Exception]] = []
+
+    def put(self, deltas: asyncio.Queue, item: TextDelta | Exception) -> None:
+        with self._lock:
+            self._items.append((deltas, item))
+            if len(self._items) > 1:
+                return  # a wake-up is already on its way and will drain this item too
         try:
-            loop.call_soon_threadsafe(deltas.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:
             pass  # the loop closed: nobody is listening any more
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for deltas, item in items:
+            deltas.put_nowait(item)
+
+
+def _deliverer(outbox: _Outbox, deltas: asyncio.Queue) -> Callable[[TextDelta | Exception], None]:
+    """Hands an item to the request's queue on its event loop (from the control thread)."""
+    def deliver(item: TextDelta | Exception) -> None:
+        outbox.put(deltas, item)
     return deliver

@@ -168,16 +168,25 @@ class PageTable:
 
     def __init__(self, layout: PageLayout) -> None:
         self.tensor = torch.full((layout.request_slots, layout.max_pages_per_slot), NO_PAGE, dtype=torch.int32)
+        self._snapshot: torch.Tensor | None = None  # the last copy handed out, while the table is unchanged
 
     def sync(self, allocator: PageAllocator, slot: int) -> None:
         pages = allocator.slot_pages(slot)
         self.tensor[slot].fill_(NO_PAGE)
         if pages:
             self.tensor[slot, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        self._snapshot = None
 
     def snapshot(self) -> torch.Tensor:
-        """A frame's own copy: later reservations for queued frames cannot race the running one."""
-        return self.tensor.clone()
+        """A frame's own copy: later reservations for queued frames cannot race the running one.
+
+        Frames share one copy until a ``sync`` changes the table (programs only
+        read ``page_table``), so a decode frame that reserved no new page copies
+        nothing: the copy was the largest host cost of binding a batch-1 frame.
+        """
+        if self._snapshot is None:
+            self._snapshot = self.tensor.clone()
+        return self._snapshot
 
 
 # ---------------------------------------------------------------------------

@@ -65,6 +65,7 @@ class CompileChoice:
     mode: str
     kinds: tuple[str, ...]  # empty: every kind
     note: str | None = None  # why a recipe's aoti became none (no compiler)
+    max_width: int | None = None  # the recipe's compile.max_width: compiled programs verify at most this width
 
 
 def compile_choice(request: CaptureRequest, recipe: Recipe) -> CompileChoice:
@@ -77,7 +78,9 @@ def compile_choice(request: CaptureRequest, recipe: Recipe) -> CompileChoice:
                                "install one or use --compile none")
         return CompileChoice("none", (), f"recipe {recipe.name} asks for compiled programs but there is no C++ "
                                          "compiler (c++ or g++): exporting only")
-    return CompileChoice(mode, tuple(kinds) if mode == "aoti" else ())
+    if mode != "aoti":
+        return CompileChoice(mode, ())
+    return CompileChoice(mode, tuple(kinds), max_width=recipe.compile.max_width)
 
 
 def have_compiler() -> bool:
@@ -93,7 +96,8 @@ def capture(request: CaptureRequest, observer: CaptureObserver | None = None) ->
         observer.step(choice.note)
     observer.step(f"load checkpoint {_reference(recipe.checkpoint_folder(request.model))}")
     source = model_source(recipe, plan, request.model)
-    return write_catalog(source, request.out, observer, choice.mode, jobs=request.jobs, compile_kinds=choice.kinds)
+    return write_catalog(source, request.out, observer, choice.mode, jobs=request.jobs, compile_kinds=choice.kinds,
+                         compile_max_width=choice.max_width)
 
 
 def preflight(request: CaptureRequest) -> tuple[Recipe, CapacityPlan]:

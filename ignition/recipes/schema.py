@@ -99,10 +99,15 @@ class CompileDefaults:
     ``aoti``: each program of the listed kinds (empty: every kind) also gets an
     AOTInductor package, which the runtime runs instead of interpreting the
     exported graph. A capture without a C++ compiler exports only, with a warning.
+    ``max_width`` (None: any) limits that to programs verifying at most that many
+    target positions per row: ``1`` compiles the width-one speculative programs
+    adaptive speculation runs whenever no wider round pays, without the wider
+    ones (each compile is a capture-time cost).
     """
 
     mode: str = field(default="none", metadata=rules.one_of(COMPILE_MODES))
     kinds: tuple[str, ...] = field(default=(), metadata=rules.subset_of(COMPILABLE_KINDS))
+    max_width: int | None = field(default=None, metadata=rules.at_least(1))
 
 
 @dataclass(frozen=True, slots=True)

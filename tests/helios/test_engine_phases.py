@@ -383,3 +383,26 @@ def test_an_internal_error_fails_every_request_and_stops_admitting_instead_of_ha
     results = serve(engine, body)
     assert all(isinstance(r, GenerationFailed) and "scheduler bug" in str(r) for r in results)
     assert not engine.stats().accepting
+
+
+def test_deliveries_of_one_burst_wake_the_event_loop_once_and_keep_their_order():
+    """The control thread's puts before the loop runs arrive in order, after a single wake-up."""
+    import threading
+
+    from helios.runtime.engine import _Outbox
+
+    async def body():
+        loop = asyncio.get_running_loop()
+        wakes = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda fn, *a: wakes.append(fn) or real(fn, *a)
+        outbox, first, second = _Outbox(loop), asyncio.Queue(), asyncio.Queue()
+        worker = threading.Thread(target=lambda: [outbox.put(q, i) for i, q in enumerate([first, second, first])])
+        worker.start()
+        worker.join()  # all three put before the loop ran again
+        got = [await first.get(), await second.get(), await first.get()]
+        outbox.put(second, 3)  # after the drain: a new wake-up
+        got.append(await second.get())
+        return got, len(wakes)
+
+    assert asyncio.run(body()) == ([0, 1, 2, 3], 2)

@@ -6,6 +6,7 @@ import os
 import random
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,3 +95,22 @@ def test_random_claims_reservations_and_releases_leak_nothing(seed):
         pages.release(slot)
     assert pages.used == 0
     pages.assert_no_leaks()
+
+
+def test_page_table_snapshots_are_shared_until_the_table_changes():
+    """A frame's page table copy never changes after it was handed out; unchanged tables share one copy."""
+    from helios.ops.layout import NO_PAGE
+    from helios.runtime.executor import PageTable
+
+    pages, table = PageAllocator(LAYOUT), PageTable(LAYOUT)
+    pages.claim(0, 64)
+    pages.reserve(0, 16)
+    table.sync(pages, 0)
+    first = table.snapshot()
+    assert table.snapshot() is first  # nothing changed: no copy
+    held = first.clone()
+    pages.reserve(0, 40)
+    table.sync(pages, 0)
+    second = table.snapshot()
+    assert torch.equal(first, held)  # the running frame's copy is untouched by the later reservation
+    assert second is not first and int((second[0] != NO_PAGE).sum()) == len(pages.slot_pages(0)) == 3

@@ -427,6 +427,23 @@ def test_compile_kinds_choose_which_programs_get_a_package(tmp_path, tokenizer, 
     assert load(none).manifest.compile == "none" and len(compiled) == 2
 
 
+def test_compile_max_width_leaves_wider_programs_exported():
+    """compile.max_width 1 packages the width-one programs of the compiled kinds and no wider one."""
+    from flare_contract.graphs import GraphDescriptor, GraphKind
+    from ignition.capture.build import _compiled_ids
+
+    spec = GraphKind.SPECULATIVE
+    graphs = (GraphDescriptor("decode_b1", GraphKind.DECODE, 1),
+              GraphDescriptor("spec_b1_d0_w1_p1", spec, 1, proposal_depth=0, width=1, aggregate=1,
+                              proposal_source="learned"),
+              GraphDescriptor("spec_b1_d1_w2_p2", spec, 1, proposal_depth=1, width=2, aggregate=2,
+                              proposal_source="learned"))
+    assert _compiled_ids(graphs, "aoti", ("decode", "speculative"), 1) == {"decode_b1", "spec_b1_d0_w1_p1"}
+    assert _compiled_ids(graphs, "aoti", ("speculative",), None) == {"spec_b1_d0_w1_p1", "spec_b1_d1_w2_p2"}
+    assert _compiled_ids(graphs, "aoti", (), 2) == {g.id for g in graphs}
+    assert _compiled_ids(graphs, "none", (), 1) == frozenset()
+
+
 def test_a_recipe_asking_for_aoti_without_a_compiler_exports_only(monkeypatch):
     from ignition.capture import pipeline
     from ignition.recipes import load_recipe

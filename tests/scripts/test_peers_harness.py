@@ -50,7 +50,7 @@ def test_servers_get_matched_settings_on_loopback():
     layout, settings = Layout(Path("/c")), Settings()
     vllm = systems.vllm_server(layout, Path("/m"), settings, 8001)
     llama = systems.llama_server(layout, settings, 8002)
-    flare = systems.flare_server("flare-off", Path("/repo"), settings, 8003)
+    flare = systems.flare_server("flare-off", Path("/venv/bin/flare"), settings, 8003)
     assert vllm.argv[1:3] == ("-m", "vllm.entrypoints.openai.api_server")
     assert vllm.argv[vllm.argv.index("--max-num-seqs") + 1] == "16"
     assert vllm.argv[vllm.argv.index("--max-model-len") + 1] == "512"
@@ -61,7 +61,7 @@ def test_servers_get_matched_settings_on_loopback():
         assert llama.argv[llama.argv.index(flag) + 1] == value
     assert "-cb" in llama.argv and llama.extra_body == {"repeat_penalty": 1.0}
     assert "--no-cache-prompt" in llama.argv and "--no-enable-prefix-caching" in vllm.argv  # Flare has no prompt cache
-    assert flare.argv[1] == "run" and flare.argv[flare.argv.index("--threads") + 1] == "1"
+    assert flare.argv[:2] == ("/venv/bin/flare", "run") and flare.argv[flare.argv.index("--threads") + 1] == "1"
     assert flare.argv[flare.argv.index("--speculation") + 1] == "off"
     for spec in (vllm, llama, flare):
         assert spec.argv[spec.argv.index("--host") + 1] == "127.0.0.1"

@@ -1,0 +1,143 @@
+"""Where a frame's time goes at batch 1: the program against the engine's Python work around it.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/host_loop.py CATALOG [--threads 1] [--tokens 64]
+        [--requests 8] [--speculation off] [--frame-slots 2]
+
+Runs ``--requests`` greedy requests one after another (batch 1, no HTTP)
+through ``HeliosEngine`` on a captured catalog (``compile: aoti`` catalogs are
+loaded trusted, as ``flare run`` loads its own bundled one), after one untimed
+request. The engine's methods are wrapped with timers, so the figures are the
+control thread's and the device worker's own work, not estimates:
+
+- ``program``: the program call itself (``Executor._timed_call``), the
+  reference every other line is a share of;
+- ``executor around the call``: the rest of ``Executor.run`` (input moves,
+  reading the outputs, completion records);
+- control thread: ``plan`` (``Scheduler.plan`` with ``advance_to``), ``bind``
+  (page reservation, page-table rows, row packing), ``commit``, ``complete``
+  (``Scheduler.complete*``), ``publish`` (detokenisation, stop strings,
+  delivery to the request's queue), and ``other`` (the rest of the control
+  loop's counted time: event handling, admission, retirement).
+
+SSE writes happen in the HTTP server's event loop, outside the engine; they are
+not in these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import time
+from collections import defaultdict
+from functools import wraps
+
+from helios.catalog.load import load
+from helios.runtime import engine as engine_module
+from helios.runtime.engine import EngineConfig, HeliosEngine
+from helios.runtime.engine_api import GenerationRequest, SamplingParams
+from helios.runtime.executor import Executor
+from helios.scheduler.core import Scheduler
+
+TOTALS: dict[str, int] = defaultdict(int)
+COUNTS: dict[str, int] = defaultdict(int)
+PROFILED: dict[str, cProfile.Profile] = {}  # --profile: label -> the profile of that part's calls
+
+
+def _timed(owner, name: str, label: str) -> None:
+    """Replace ``owner.name`` with a wrapper adding its run time to ``TOTALS[label]``."""
+    inner = getattr(owner, name)
+
+    @wraps(inner)
+    def wrapper(*args, **kwargs):
+        profile = PROFILED.get(label)
+        began = time.perf_counter_ns()
+        try:
+            if profile is not None:
+                return profile.runcall(inner, *args, **kwargs)
+            return inner(*args, **kwargs)
+        finally:
+            TOTALS[label] += time.perf_counter_ns() - began
+            COUNTS[label] += 1
+
+    setattr(owner, name, wrapper)
+
+
+def _instrument() -> None:
+    _timed(Executor, "_timed_call", "program")
+    _timed(Executor, "run", "executor.run")
+    for name in ("plan", "advance_to"):
+        _timed(Scheduler, name, "plan")
+    _timed(Scheduler, "commit", "commit")
+    for name in ("complete", "complete_with_survival", "complete_packed_round",
+                 "complete_packed_round_with_survival"):
+        _timed(Scheduler, name, "complete")
+    _timed(engine_module.HeliosEngine, "_bind", "bind")
+    _timed(engine_module.HeliosEngine, "_publish", "publish")
+
+
+async def _request(engine: HeliosEngine, rid: str, tokens: int) -> int:
+    prompt = tuple(engine.tokenizer.encode(f"def request_{rid}(value):\n    return", add_special_tokens=True))
+    request = GenerationRequest(rid, prompt, tokens, SamplingParams(temperature=0.0), ignore_eos=True)
+    return sum([len(d.token_ids) async for d in engine.submit(request)])
+
+
+def _report(host_ns: int, frames: int, produced: int, seconds: float) -> None:
+    program = TOTALS["program"]
+    around = TOTALS["executor.run"] - program
+    control = ("plan", "commit", "complete", "bind", "publish")
+    other = host_ns - sum(TOTALS[k] for k in control)
+    print(f"{frames} frames, {produced} tokens in {seconds:.2f} s ({produced / seconds:.1f} tok/s); "
+          f"program {program / 1e6 / frames:.3f} ms/frame")
+    rows = [("executor around the call", around)] + [(k, TOTALS[k]) for k in control] + [("other", other)]
+    for label, ns in rows:
+        print(f"  {label:26s} {ns / 1e3 / frames:8.1f} us/frame  {100 * ns / program:5.1f}% of program")
+    host = around + host_ns
+    print(f"  {'host total':26s} {host / 1e3 / frames:8.1f} us/frame  {100 * host / program:5.1f}% of program")
+
+
+async def _run(args) -> None:
+    catalog = load(args.catalog, trust=True)
+    config = EngineConfig(threads=args.threads, speculation=args.speculation, frame_slots=args.frame_slots)
+    engine = HeliosEngine(catalog, config)
+    engine.warm_up()
+    await engine.start()
+    try:
+        await _request(engine, "warm", args.tokens)
+        TOTALS.clear()
+        COUNTS.clear()
+        before = engine.frame_counters()
+        began = time.perf_counter()
+        produced = 0
+        for i in range(args.requests):
+            produced += await _request(engine, str(i), args.tokens)
+        seconds = time.perf_counter() - began
+        after = engine.frame_counters()
+    finally:
+        await engine.stop()
+    _report(after.host_ns - before.host_ns, after.frames - before.frames, produced, seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("catalog")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--speculation", default="off", choices=("off", "fixed", "adaptive"))
+    parser.add_argument("--frame-slots", type=int, default=2)
+    parser.add_argument("--profile", default="", help="comma-separated parts (bind, publish, ...) to profile "
+                                                      "with cProfile; prints their top functions (slower)")
+    args = parser.parse_args()
+    _instrument()
+    for label in filter(None, args.profile.split(",")):
+        PROFILED[label] = cProfile.Profile()
+    asyncio.run(_run(args))
+    for label, profile in PROFILED.items():
+        print(f"--- {label}: top functions by own time")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+
+
+if __name__ == "__main__":
+    main()
