@@ -138,13 +138,18 @@ def best_state_choice(graphs: Sequence[GraphDescriptor], timings: Sequence[Graph
 
 
 def _following_shapes(graphs, timings) -> list[_Following]:
-    """Prefill, width-one decode and width-one mixed programs; known ones only, unless none is known
-    (then all, compared optimistically)."""
+    """Prefill, width-one decode (plain or draft-keeping; the speculative widths only where the catalog
+    has no width-one decode) and width-one mixed programs; known ones only, unless none is known (then
+    all, compared optimistically)."""
     shapes = []
+    plain = any(g.kind is GraphKind.DECODE or (g.kind is GraphKind.SPECULATIVE and g.width == 1) for g in graphs)
     for g, t in zip(graphs, timings):
         if g.kind is GraphKind.PREFILL:
             shapes.append(_Following(g, t.duration_ns / 1e6, g.batch_capacity, 0))
-        elif g.kind is GraphKind.DECODE and g.width == 1:
+        elif g.kind is GraphKind.DECODE or (g.kind is GraphKind.SPECULATIVE and (g.width == 1 or not plain)):
+            # every decode shape the loaded mode has: with speculation loaded the draft-keeping width-one
+            # programs replace plain decode, and ``fixed`` keeps one wider width only (load-time
+            # selection, C6); a following round is valued at one token per row either way
             shapes.append(_Following(g, t.duration_ns / 1e6, 0, g.batch_capacity))
         elif g.kind is GraphKind.MIXED and g.width == 1 and g.prefill_capacity > 0:
             shapes.append(_Following(g, t.duration_ns / 1e6, 1, g.batch_capacity - 1))

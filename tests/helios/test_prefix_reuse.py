@@ -8,7 +8,9 @@ the state programs are the captured ones (they run no model).
 from __future__ import annotations
 
 import asyncio
+import random
 
+import pytest
 import torch
 
 from engine_driver import serve, wait_idle
@@ -90,4 +92,34 @@ def test_rows_in_use_are_never_evicted_and_every_row_comes_back(catalog, eager):
     assert c.held <= c.rows == catalog.checkpoint_rows
     assert c.captures > c.rows and c.evictions >= c.captures - c.rows
     assert not engine.checkpoints._armed and not engine.checkpoints._restoring
+    engine.pages.assert_no_leaks()
+
+
+@pytest.mark.parametrize("speculation", ["adaptive", "fixed"])
+def test_prompt_end_snapshots_run_when_only_speculative_programs_decode(catalog, eager, speculation):
+    """With speculation loaded there is no plain decode program (adaptive keeps the draft-keeping width-one
+    rounds, fixed one wider width): the snapshot a finished prompt waits for must still be planned. It
+    was not (the lookahead paired snapshots with plain decode only), and every stream stalled for good."""
+    program_for = lambda gid: catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
+    engine = HeliosEngine(catalog, EngineConfig(speculation=speculation, threads=1), program_for=program_for)
+    assert not any(g.kind.value == "decode" for g in engine.scheduler.graphs)
+    rng = random.Random(7)
+
+    async def one(engine, i, gate):
+        async with gate:
+            words = " ".join(rng.choice(("river", "copper", "owl", "map")) for _ in range(rng.randint(4, 60)))
+            ids = tuple(engine.tokenizer.encode(f"Request {i}: {words}", add_special_tokens=True))
+            request = GenerationRequest(f"r{i}", ids, rng.randint(2, 8), SamplingParams(temperature=0.8, seed=i))
+            async for _ in engine.submit(request):
+                if i % 3 == 0:
+                    engine.cancel(f"r{i}")
+                    break
+
+    async def body(engine):
+        gate = asyncio.Semaphore(4)
+        await asyncio.wait_for(asyncio.gather(*(one(engine, i, gate) for i in range(16))), 90)
+        return await asyncio.to_thread(wait_idle, engine)
+
+    idle = serve(engine, body)
+    assert idle.checkpoints.captures >= 8  # prompt-end and terminal snapshots ran
     engine.pages.assert_no_leaks()
