@@ -63,8 +63,8 @@ def run(
     log_stats_interval: float = typer.Option(
         10.0, "--log-stats-interval", help="Seconds between stats lines on stdout (running, waiting, pages, tokens/s); 0: none."),
     prefix_reuse: bool = typer.Option(
-        True, "--prefix-reuse/--no-prefix-reuse",
-        help="Restore retained checkpoints for prompts that extend them, and capture new ones (catalogs with a checkpoint store)."),
+        False, "--prefix-reuse/--no-prefix-reuse",
+        help="Restore retained checkpoints for prompts that extend them, and capture new ones (catalogs with a checkpoint store; off by default while it is new)."),
 ) -> None:
     """Serve a catalog over an OpenAI-compatible HTTP API (docs/cli.md, docs/runtime.md)."""
     import logging

@@ -67,7 +67,7 @@ class RunOptions:
     # --scheduler-choice FIELD=0|1: PolicyConfig's price-flow choices (docs/scheduling-utility.md,
     # "Departures from the spec"), applied after the preset
     choices: tuple[str, ...] = ()
-    prefix_reuse: bool = True  # --prefix-reuse/--no-prefix-reuse (catalogs with a checkpoint store)
+    prefix_reuse: bool = False  # --prefix-reuse/--no-prefix-reuse (catalogs with a checkpoint store; off by default)
     terminal_value: float | None = None  # --scheduler-terminal-value (None: the policy's)
     terminal_age_price: float | None = None  # --scheduler-terminal-age-price
 

@@ -11,6 +11,7 @@ reads the engine's public ``state_snapshot``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from flare_contract.graphs import GraphDescriptor
 from helios.catalog.load import Catalog
@@ -32,7 +33,8 @@ class DirectEngine(HeliosEngine):
             built.append(DirectScheduler(graphs, on_decision=on_decision, **options))
             return built[-1].scheduler
 
-        super().__init__(catalog, config, program_for, make_scheduler)
+        # its small scheduler runs inference only: no restores or snapshots (docs/debug-serve.md)
+        super().__init__(catalog, replace(config, prefix_reuse=False), program_for, make_scheduler)
         self.direct = built[0]
 
     def debug_state(self) -> dict:

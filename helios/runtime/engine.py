@@ -103,7 +103,7 @@ class EngineConfig:
     speculative_width: int | None = None  # adaptive: widest W to load; fixed: the one W (None: the widest)
     max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which submit refuses (503)
     queue_timeout_s: float | None = None  # longest wait for a slot before QueueTimeout (None: no limit)
-    prefix_reuse: bool = True  # restore retained checkpoints and capture new ones, where the catalog has a store
+    prefix_reuse: bool = False  # restore retained checkpoints and capture new ones, where the catalog has a store
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -661,7 +661,8 @@ class HeliosEngine:
             proposal_sources=self._sources if speculate else (), greedy=request.sampling.greedy,
             scored_prompt=request.prompt_logprobs is not None,
             restore_row=reuse.restore_row, snapshot_points=reuse.snapshot_points,
-            terminal_snapshot=reuse.terminal_snapshot,
+            # a scored prompt without output would capture nothing a follow-up could extend
+            terminal_snapshot=reuse.terminal_snapshot and request.prompt_logprobs is None,
         )
 
     def _fill_frames(self) -> None:
@@ -844,6 +845,8 @@ class HeliosEngine:
         for lane in plan.lanes:
             live = self._by_slot.get(lane.handle.slot)
             if live is not None and live.handle == lane.handle:
+                if live.done and self.scheduler.holds(live.handle):
+                    self.scheduler.cancel(live.handle)  # its terminal snapshot failed: give the capture up (P6)
                 self._end(live, GenerationFailed(message))
 
     def _publish_or_fail(self, live: Live, token: GeneratedToken, logprobs: Sequence[TokenLogprob] = ()) -> None:

@@ -371,7 +371,7 @@ def test_an_internal_error_fails_every_request_and_stops_admitting_instead_of_ha
     def broken(*args, **kwargs):
         raise RuntimeError("scheduler bug")
 
-    engine.scheduler.plan = broken
+    engine._expire_waiting = broken  # a control-loop step outside admission and planning (those are isolated)
 
     async def body(engine):
         results = await asyncio.gather(*(collect(engine, request(engine, f"b{i}", "hello", 4)) for i in range(2)),

@@ -101,7 +101,8 @@ def test_prompt_end_snapshots_run_when_only_speculative_programs_decode(catalog,
     rounds, fixed one wider width): the snapshot a finished prompt waits for must still be planned. It
     was not (the lookahead paired snapshots with plain decode only), and every stream stalled for good."""
     program_for = lambda gid: catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
-    engine = HeliosEngine(catalog, EngineConfig(speculation=speculation, threads=1), program_for=program_for)
+    engine = HeliosEngine(catalog, EngineConfig(speculation=speculation, threads=1, prefix_reuse=True),
+                          program_for=program_for)
     assert not any(g.kind.value == "decode" for g in engine.scheduler.graphs)
     rng = random.Random(7)
 

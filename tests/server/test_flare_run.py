@@ -170,8 +170,8 @@ def test_terminal_and_reuse_flags_reach_the_policy_and_the_engine():
     class Device:
         manifest = type("M", (), {"device": {"kind": "cpu"}})()
     default = RunOptions().engine_config(Device())
-    chosen = RunOptions(terminal_value=7.0, terminal_age_price=0.25, prefix_reuse=False).engine_config(Device())
-    assert default.prefix_reuse and not chosen.prefix_reuse
+    chosen = RunOptions(terminal_value=7.0, terminal_age_price=0.25, prefix_reuse=True).engine_config(Device())
+    assert not default.prefix_reuse and chosen.prefix_reuse
     assert (chosen.policy.terminal_value, chosen.policy.terminal_age_price) == (7.0, 0.25)
     assert (default.policy.terminal_value, default.policy.terminal_age_price) != (7.0, 0.25)
 
