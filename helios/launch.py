@@ -121,6 +121,9 @@ class RunOptions:
         except ValueError as exc:
             width = "" if self.speculative_width is None else f" --speculative-width {self.speculative_width}"
             raise LaunchError(f"--speculation {self.speculation}{width}: {exc}") from None
+        if self.prefix_reuse and catalog.checkpoint_rows == 0:
+            raise LaunchError(f"--prefix-reuse: catalog {catalog.path} keeps no checkpoint store (recipe "
+                              "`checkpoints: {rows: N}`, docs/checkpoints.md); capture one with it, or drop the flag")
 
 
 def parse_choices(items) -> dict[str, int]:

@@ -176,6 +176,15 @@ def test_terminal_and_reuse_flags_reach_the_policy_and_the_engine():
     assert (default.policy.terminal_value, default.policy.terminal_age_price) != (7.0, 0.25)
 
 
+def test_prefix_reuse_on_a_catalog_without_a_store_is_refused():
+    """A flag the catalog cannot honour is refused, not accepted and ignored."""
+    class NoStore:
+        descriptors, checkpoint_rows, path = (), 0, Path("/catalogs/plain")
+    RunOptions().check_selection(NoStore())
+    with pytest.raises(LaunchError, match=r"--prefix-reuse: catalog /catalogs/plain keeps no checkpoint store"):
+        RunOptions(prefix_reuse=True).check_selection(NoStore())
+
+
 def test_a_bad_flag_is_one_line_on_stderr_and_exit_2(tmp_path):
     result = subprocess.run([*FLARE, "run", str(tmp_path), "--mtp-adaptive-verification-alpha", "0"], cwd=REPO,
                             capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
