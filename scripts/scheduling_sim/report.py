@@ -10,7 +10,8 @@ mean over seeds and each figure as a ratio Helios / baseline. ``--quick``
 
 The goal figures of issue 20 close the report: the Pareto check, capacity
 under two SLO pairs and goodput at overload (``capacity.py``: a bisection on
-the arrival rate per workload and scheduler, ``--capacity-seeds`` seeds,
+the arrival rate per workload, for Helios and for the best of the baselines
+searched as one group, ``--capacity-seeds`` seeds,
 default 1, 0 skips it), and throughput at saturation (tok/s on the
 workloads that run at or above capacity). Plots need matplotlib (the
 ``bench`` extra); without it the report writes the tables and says so.
@@ -113,38 +114,44 @@ def run_all(catalog: str, seeds: int, scale: Scale, slo: Slo, jobs: int,
     return table
 
 
+BASELINES = "baselines"  # the capacity table's group of every baseline configuration
+
+
 @dataclass(frozen=True, slots=True)
 class CapacityJob:
     catalog: str
     seed: int
     scale: Scale
     workload: str
-    scheduler: str
+    group: str  # HELIOS or BASELINES
     policy: tuple[tuple[str, float], ...] = ()
 
 
 def run_capacity_job(job: CapacityJob) -> CapacityRow:
     catalog = load_catalog(job.catalog)
-    workload = next(w for w in build_workloads(Shapes(catalog), job.seed, job.scale) if w.name == job.workload)
-    if job.scheduler == HELIOS:
+    shapes = Shapes(catalog)
+    workload = next(w for w in build_workloads(shapes, job.seed, job.scale) if w.name == job.workload)
+    if job.group == HELIOS:
         workload = replace(workload, trace=with_policy(workload.trace, job.policy))
-    return measure_capacity(catalog, workload, job.scheduler)
+        return measure_capacity(catalog, workload, [HELIOS])
+    return measure_capacity(catalog, workload, [spec.name for spec in baseline_specs(shapes)])
 
 
 def run_capacity(catalog: str, seeds: int, scale: Scale, jobs: int, policy: tuple[tuple[str, float], ...] = (),
                  baselines: bool = True) -> dict[str, dict[str, list[CapacityRow]]]:
-    """workload -> scheduler -> one CapacityRow per seed (only workloads with an arrival process to scale)."""
+    """workload -> HELIOS or BASELINES -> one CapacityRow per seed (the best of the group; only workloads
+    with an arrival process to scale)."""
     shapes = Shapes(load_catalog(catalog))
     names = [w.name for w in capacity_workloads(build_workloads(shapes, 0, scale))]
-    schedulers = [HELIOS, *(spec.name for spec in baseline_specs(shapes) if baselines)]
-    work = [CapacityJob(catalog, seed, scale, name, who, policy) for seed in range(seeds) for name in names
-            for who in schedulers]
+    groups = [HELIOS, *([BASELINES] if baselines else [])]
+    work = [CapacityJob(catalog, seed, scale, name, group, policy) for seed in range(seeds) for name in names
+            for group in groups]
     table: dict[str, dict[str, list[CapacityRow]]] = {name: {} for name in names}
     with ProcessPoolExecutor(jobs) if jobs > 1 else _InProcess() as pool:
         for index, (job, row) in enumerate(zip(work, pool.map(run_capacity_job, work)), start=1):
-            print(f"[capacity {index}/{len(work)}] seed {job.seed} {job.workload} {job.scheduler}: "
-                  f"{row.capacity} ({row.runs} runs)", flush=True)
-            table[job.workload].setdefault(job.scheduler, []).append(row)
+            print(f"[capacity {index}/{len(work)}] seed {job.seed} {job.workload} {job.group}: "
+                  f"{row.capacity} by {row.leader} ({row.runs} runs)", flush=True)
+            table[job.workload].setdefault(job.group, []).append(row)
     return table
 
 
@@ -297,9 +304,14 @@ def _capacity_mean(rows: list[CapacityRow], read) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def _best_capacity(rows: dict[str, list[CapacityRow]], read) -> tuple[str, float] | None:
-    scored = [(name, _capacity_mean(runs, read)) for name, runs in rows.items() if name != HELIOS]
-    return max(scored, key=lambda item: item[1]) if scored else None
+def _best_capacity(rows: dict[str, list[CapacityRow]], read, leader=None) -> tuple[str, float] | None:
+    """The baselines' best (mean over seeds) and which configuration reached it (the commonest, over seeds)."""
+    runs = rows.get(BASELINES)
+    if not runs:
+        return None
+    names = [leader(row) for row in runs] if leader else []
+    named = [n for n in names if n]
+    return (max(set(named), key=named.count) if named else "none"), _capacity_mean(runs, read)
 
 
 def capacity_ratios(capacity: dict[str, dict[str, list[CapacityRow]]], pair: str) -> dict[str, float]:
@@ -354,13 +366,18 @@ def capacity_tables(capacity: dict[str, dict[str, list[CapacityRow]]], step_ms: 
         for workload, rows in capacity.items():
             read = lambda r, name=pair.name: r.capacity[name]  # noqa: E731
             good = lambda r, name=pair.name: r.goodput[name]  # noqa: E731
-            helios, best = _capacity_mean(rows[HELIOS], read), _best_capacity(rows, read)
-            best_good = _best_capacity(rows, good)
+            helios = _capacity_mean(rows[HELIOS], read)
+            best = _best_capacity(rows, read, lambda r, name=pair.name: (r.leader or {}).get(name))
+            best_good = _best_capacity(rows, good, lambda r, name=pair.name: (r.goodput_leader or {}).get(name))
             ratio = capacity_ratios({workload: rows}, pair.name)[workload]
-            lines.append(f"| {workload} | {_cell(helios)} | {_cell(best[1])} ({best[0]}) | {_cell(ratio)} | "
-                         f"{_cell(_capacity_mean(rows[HELIOS], good))} | {_cell(best_good[1])} ({best_good[0]}) |")
+            lines.append(f"| {workload} | {_cell(helios)} | {_named(best)} | {_cell(ratio)} | "
+                         f"{_cell(_capacity_mean(rows[HELIOS], good))} | {_named(best_good)} |")
         lines.append("")
     return lines
+
+
+def _named(best: tuple[str, float] | None) -> str:
+    return "-" if best is None else f"{_cell(best[1])} ({best[0]})"
 
 
 # ---------------------------------------------------------------------------

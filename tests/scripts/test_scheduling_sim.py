@@ -554,3 +554,27 @@ def test_capacity_of_a_real_run_meets_its_slo_and_the_next_step_does_not():
     assert 0 < found.load < 8
     assert runner.outcome(found.load).meets(20.0, 8.0)
     assert not runner.outcome(min(load for load in runner.cache if load > found.load)).meets(20.0, 8.0)
+
+
+def test_best_capacity_of_a_group_is_its_best_member_found_with_fewer_runs_than_searching_each():
+    from scripts.scheduling_sim.capacity import BISECTIONS, best_capacity, capacity
+
+    boundaries = {"a": 0.2, "b": 1.3, "c": 0.7, "d": 3.1, "e": 0.05}
+    group = {name: _FakeRunner(b) for name, b in boundaries.items()}
+    found = best_capacity(group, ttft_ms=10.0, itl_ms=10.0)
+    assert found.leader == "d"
+    assert found.load <= 3.1 < found.load * 2 ** (1 / 2**BISECTIONS) * (1 + 1e-12)
+    alone = sum(capacity(_FakeRunner(b), 10.0, 10.0).runs for b in boundaries.values())
+    assert found.runs < alone / 2
+    nobody = best_capacity({"x": _FakeRunner(1e-6), "y": _FakeRunner(1e-7)}, 10.0, 10.0)
+    assert (nobody.load, nobody.leader) == (0.0, None)
+
+
+def test_best_capacity_answers_from_a_runners_earlier_outcomes_by_monotonicity():
+    from scripts.scheduling_sim.capacity import best_capacity
+
+    runner = _FakeRunner(0.6)
+    best_capacity({"one": runner}, 10.0, 10.0)
+    asked = dict(runner.cache)
+    again = best_capacity({"one": runner}, 10.0, 10.0)
+    assert runner.cache == asked and again.runs == 0  # every load is implied by a cached meet or miss
