@@ -573,8 +573,21 @@ def test_best_capacity_of_a_group_is_its_best_member_found_with_fewer_runs_than_
 def test_best_capacity_answers_from_a_runners_earlier_outcomes_by_monotonicity():
     from scripts.scheduling_sim.capacity import best_capacity
 
-    runner = _FakeRunner(0.6)
+    class Counting(_FakeRunner):
+        asked = 0
+
+        def outcome(self, load):
+            self.asked += 1
+            return super().outcome(load)
+
+    runner = Counting(0.6)
     best_capacity({"one": runner}, 10.0, 10.0)
-    asked = dict(runner.cache)
-    again = best_capacity({"one": runner}, 10.0, 10.0)
-    assert runner.cache == asked and again.runs == 0  # every load is implied by a cached meet or miss
+    runner.asked, first = 0, dict(runner.cache)
+    # The interactive pair's search leaves outcomes the relaxed one reads: here the same pair again,
+    # whose every load is implied by a cached meet or miss, so nothing is simulated.
+    assert best_capacity({"one": runner}, 10.0, 10.0).load == max(l for l, o in first.items() if o.ttft_p99_ms < 10)
+    assert runner.asked == 0
+    # A member that missed a load the leader met is not asked again at any load.
+    low, high = Counting(0.1), Counting(2.0)
+    best_capacity({"low": low, "high": high}, 10.0, 10.0)
+    assert low.asked == 1
