@@ -1,10 +1,12 @@
 """Issue 20, item 4: stalls and first outputs on a live ``flare run``, per scheduler policy.
 
     .venv/bin/python benchmarks/live_schedule.py [--port 8731] [--threads 1] [--repeats 1]
-        [--policy before=prefill_defers_decode=0] [--policy after=]
+        [--policy before=prefill_defers_decode=0] [--policy after=] [--catalog FOLDER]
 
 For each policy (a label and a comma-separated list of ``--scheduler-choice`` items, empty for the
-defaults) it starts ``flare run`` on the bundled model (``--threads 1``, loopback), waits for
+defaults) it starts ``flare run`` on the bundled model, or on the catalog folder ``--catalog`` names (a
+flare-tiny capture with ``--mixed-prefill``, say: the bundled catalog has no mixed programs, so the
+deferred round never applies there) (``--threads 1``, loopback), waits for
 ``/health``, warms the server up (one 3,000-token prompt and six short requests, unmeasured), and
 runs two scenarios over streamed ``/v1/completions``:
 
@@ -143,9 +145,10 @@ def _check(streams: list[Stream]) -> None:
         raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
 
 
-def serve(port: int, threads: int, choices: list[str]) -> subprocess.Popen:
+def serve(port: int, threads: int, choices: list[str], catalog: str | None = None) -> subprocess.Popen:
     flags = [flag for item in choices for flag in ("--scheduler-choice", item)]
-    command = [sys.executable, "-m", "helios.cli", "run", "--port", str(port), "--threads", str(threads),
+    command = [sys.executable, "-m", "helios.cli", "run", *([catalog] if catalog else []),
+               "--port", str(port), "--threads", str(threads),
                "--disable-log-requests", "--log-stats-interval", "0", *flags]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     log = tempfile.TemporaryFile()  # the server's log, read back only if it fails (a pipe could fill and block it)
@@ -194,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--policy", action="append", default=None,
                         help="LABEL=choice,choice (--scheduler-choice items); repeatable")
+    parser.add_argument("--catalog", help="catalog folder for flare run (default: the bundled model)")
     args = parser.parse_args(argv)
     policies = [parse_policy(p) for p in (args.policy or ["before=prefill_defers_decode=0", "after="])]
     for repeat in range(args.repeats):
         order = policies if repeat % 2 == 0 else policies[::-1]
         for label, choices in order:
-            server = serve(args.port, args.threads, choices)
+            server = serve(args.port, args.threads, choices, args.catalog)
             try:
                 model = model_name(args.port)
                 warm_up(args.port, model)
