@@ -136,7 +136,7 @@ def model_steps(model: Target, python: str, ignition: Path, repo_root: Path) -> 
              model.checkpoint / "model.safetensors", cwd=repo_root),
         Step(f"capture Flare's {model.name} catalog (AOTInductor compiles: many minutes on 2 cores)",
              (str(ignition), "capture", str(model.recipe), "--model", str(model.checkpoint), "--out",
-              str(model.catalog)), model.catalog / "manifest.json", cwd=repo_root),
+              str(model.catalog)), model.catalog / "catalog.yaml", cwd=repo_root),
     ]
 
 
