@@ -139,8 +139,8 @@ def best_state_choice(graphs: Sequence[GraphDescriptor], timings: Sequence[Graph
 
 def _following_shapes(graphs, timings) -> list[_Following]:
     """Prefill, width-one decode (plain or draft-keeping; the speculative widths only where the catalog
-    has no width-one decode) and width-one mixed programs; known ones only, unless none is known (then
-    all, compared optimistically)."""
+    has no width-one decode) and width-one mixed programs; known ones only, plus, for prompt rows or
+    decode rows that no known shape serves, the unknown shapes serving them (compared optimistically)."""
     shapes = []
     plain = any(g.kind is GraphKind.DECODE or (g.kind is GraphKind.SPECULATIVE and g.width == 1) for g in graphs)
     for g, t in zip(graphs, timings):
@@ -154,7 +154,13 @@ def _following_shapes(graphs, timings) -> list[_Following]:
         elif g.kind is GraphKind.MIXED and g.width == 1 and g.prefill_capacity > 0:
             shapes.append(_Following(g, t.duration_ns / 1e6, 1, g.batch_capacity - 1))
     known = [s for s in shapes if s.ms > 0]
-    return known or shapes
+    # a role (prompt rows, decode rows) no measured shape serves is served by the unmeasured shapes
+    # that have it, compared optimistically (U8): a decoder waiting for its prompt-end snapshot while
+    # only prefills are measured would otherwise have no pair, no state choice, and wait for good
+    for serves in (lambda s: s.prompt_rows > 0, lambda s: s.decode_rows > 0):
+        if not any(serves(s) for s in known):
+            known += [s for s in shapes if s.ms <= 0 and serves(s) and s not in known]
+    return known
 
 
 def _terminal_sigma(graphs, timings, held: int) -> float | None:

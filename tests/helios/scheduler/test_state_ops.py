@@ -313,3 +313,20 @@ def test_V4_snapshot_cost_sweep_enables_the_shared_decode_batch_only_with_enough
         outcomes.append(snapshot_first)
     assert outcomes[0] and not outcomes[-1]
     assert outcomes == sorted(outcomes, reverse=True)  # one threshold: cheaper snapshots win
+
+
+def test_K2_a_prompt_end_snapshot_is_planned_while_no_decode_program_is_measured():
+    """A request whose armed point is its prompt's end waits, as a decoder, for that snapshot. The
+    lookahead pairs a decoder only with decode-capable shapes; when the only measured following
+    shapes are prefills (say an earlier request ended at its first token, so prefill and snapshot
+    ran but decode never did), the snapshot must still be planned, with the unmeasured decode
+    shapes compared optimistically (U8). It was not: no state choice, no ordinary one, and the
+    request stalled for good."""
+    durations = catalog()
+    durations[SNAPSHOT] = 0.2
+    s = measured(durations, cold=(decode(1), decode(2)))
+    handle = s.admit(AdmitRequest(400, 3, 1000, snapshot_points=(400,)))
+    plans = Clock(s, durations).run()
+    assert kinds(plans)[:3] == [GraphKind.PREFILL, GraphKind.PREFILL, GraphKind.SNAPSHOT]
+    assert kinds(plans).count(GraphKind.DECODE) == 2  # the prompt's end gave the first of 3 tokens
+    assert not s.is_active(handle) and s.requests() == ()
