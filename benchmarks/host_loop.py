@@ -16,8 +16,10 @@ control thread's and the device worker's own work, not estimates:
 - control thread: ``plan`` (``Scheduler.plan`` with ``advance_to``), ``bind``
   (page reservation, page-table rows, row packing), ``commit``, ``complete``
   (``Scheduler.complete*``), ``publish`` (detokenisation, stop strings,
-  delivery to the request's queue), and ``other`` (the rest of the control
-  loop's counted time: event handling, admission, retirement).
+  handing the delta to the request's outbox), ``wake`` (waking the event loop
+  once per control step, after the step submitted its next frame; the loop's
+  turn then overlaps that frame's program), and ``other`` (the rest of the
+  control loop's counted time: event handling, admission, retirement).
 
 SSE writes happen in the HTTP server's event loop, outside the engine; they are
 not in these figures.
@@ -75,6 +77,8 @@ def _instrument() -> None:
         _timed(Scheduler, name, "complete")
     _timed(engine_module.HeliosEngine, "_bind", "bind")
     _timed(engine_module.HeliosEngine, "_publish", "publish")
+    if hasattr(engine_module.HeliosEngine, "_wake_listeners"):  # absent before deliveries were deferred
+        _timed(engine_module.HeliosEngine, "_wake_listeners", "wake")
 
 
 async def _request(engine: HeliosEngine, rid: str, tokens: int) -> int:
@@ -86,7 +90,7 @@ async def _request(engine: HeliosEngine, rid: str, tokens: int) -> int:
 def _report(host_ns: int, frames: int, produced: int, seconds: float) -> None:
     program = TOTALS["program"]
     around = TOTALS["executor.run"] - program
-    control = ("plan", "commit", "complete", "bind", "publish")
+    control = ("plan", "commit", "complete", "bind", "publish", "wake")
     other = host_ns - sum(TOTALS[k] for k in control)
     print(f"{frames} frames, {produced} tokens in {seconds:.2f} s ({produced / seconds:.1f} tok/s); "
           f"program {program / 1e6 / frames:.3f} ms/frame")

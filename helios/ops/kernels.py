@@ -40,9 +40,10 @@ _PYTHON_KERNELS = {
     "write_kv": kv_cache.write_kv,
     "paged_attention": attention.paged_attention,
     "write_slot_state": slot_state.write_slot_state,
+    "write_token_history": slot_state.write_token_history,
 }
 # ops with no native kernel yet: the Python one serves under either choice
-_PYTHON_ONLY = {"write_token_history": slot_state.write_token_history}
+_PYTHON_ONLY: dict = {}
 
 
 class NativeKernelsUnavailable(RuntimeError):

@@ -40,7 +40,7 @@ def write_token_history(
     new_seen: torch.Tensor,  # bool [B, V]
 ) -> None:
     """Replace the history rows of every active row's slot (the penalties' token history, program
-    contract version 3); inactive rows write nothing. Python only: one indexed copy per frame."""
+    contract version 3); inactive rows write nothing (the native kernel in ``csrc/flare_ops.cpp`` does the same)."""
     active = query_lens > 0
     slots = row_slots[active].long()
     if slots.numel() and not (0 <= int(slots.min()) and int(slots.max()) < token_counts.shape[0]):

@@ -59,6 +59,7 @@ from helios.runtime.executor import (
     LaneContext,
     PageTable,
     Program,
+    RowInputCache,
     RowSampling,
     bind,
     row_sampling,
@@ -314,6 +315,7 @@ class HeliosEngine:
         self.pages = PageAllocator(PageLayout(layout["request_slots"], layout["page_size"],
                                               layout["num_pages"], layout["max_pages_per_slot"]))
         self._page_table = PageTable(self.pages.layout)
+        self._row_inputs = RowInputCache()
         self.checkpoints = CheckpointStore(catalog.checkpoint_rows if config.prefix_reuse else 0)
         graphs = self._graphs()
         self._max_width = max((g.width for g in graphs), default=1)
@@ -336,6 +338,7 @@ class HeliosEngine:
         self._accepting = True
         self._threads: list[threading.Thread] = []
         self._outbox: _Outbox | None = None  # deliveries to the event loop of the latest submit
+        self._due: list[_Outbox] = []  # outboxes holding items the control loop has not woken yet
 
     def _eos_ids(self) -> frozenset[int]:
         from tokenizers import Tokenizer
@@ -429,7 +432,7 @@ class HeliosEngine:
         self._waiting.reserve(self.scheduler.request_slots - len(self._by_slot))  # EngineOverloaded: a 503
         loop = asyncio.get_running_loop()
         if self._outbox is None or self._outbox.loop is not loop:
-            self._outbox = _Outbox(loop)
+            self._outbox = _Outbox(loop, self._due)
         deltas: asyncio.Queue = asyncio.Queue()
         live = Live(request, self._row_sampling(request),
                     OutputText(self.tokenizer, request.stop, request.include_stop_str_in_output),
@@ -544,7 +547,14 @@ class HeliosEngine:
                     self._step(batch)
                 except Exception as exc:  # a bug here must not leave clients waiting forever
                     self._break_down(exc)
+                self._wake_listeners()
                 self._counters.host_ns += time.perf_counter_ns() - began
+
+    def _wake_listeners(self) -> None:
+        """Hand this step's deliveries to their event loops: after the next frame was submitted (_Outbox)."""
+        due, self._due[:] = list(self._due), []
+        for outbox in due:
+            outbox.wake()
 
     def _next_event(self):
         """The next event, or a ``_Tick`` once the oldest waiting request has waited ``--queue-timeout``."""
@@ -708,7 +718,7 @@ class HeliosEngine:
             contexts[lane.handle] = self._lane_context(live, lane, plan)
             if self.pages.reserve(lane.handle.slot, self._lane_extent(live, lane, plan)):
                 self._page_table.sync(self.pages, lane.handle.slot)
-        return bind(plan, contexts, self._page_table.snapshot())
+        return bind(plan, contexts, self._page_table.snapshot(), self._row_inputs)
 
     def _bind_state(self, plan: ScheduledPlan) -> BoundState:
         """A restore reads its request's checkpoint into the slot's own pages (reserved here); a snapshot
@@ -980,17 +990,21 @@ def _sidecar(records, name: str) -> list | None:
 
 
 class _Outbox:
-    """Items for request queues on one event loop, handed over with one wake-up per burst.
+    """Items for request queues on one event loop, handed over with one wake-up per control step.
 
     Waking the loop (``call_soon_threadsafe``) is a socket write, after which
     the control thread waits for the GIL while the loop runs: measured at
-    batch 1 (benchmarks/host_loop.py), the largest host cost of a frame. A frame
-    publishing to many requests now wakes the loop once; the loop drains
-    every item put before it ran, in order.
+    batch 1 (benchmarks/host_loop.py), the largest host cost of a frame. So
+    ``put`` (control thread) only queues the item and notes the outbox in
+    ``due``; the control loop calls ``wake`` once its step has planned and
+    submitted the next frame, so the loop's turn (and the HTTP writes it does)
+    overlaps that frame's program instead of delaying its start. The loop
+    drains every item put before it ran, in order.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, due: list[_Outbox]) -> None:
         self.loop = loop
+        self._due = due  # the engine's outboxes with items and no wake-up yet (control thread only)
         self._lock = threading.Lock()
         self._items: list[tuple[asyncio.Queue, TextDelta | Exception]] = []
 
@@ -998,7 +1012,10 @@ class _Outbox:
         with self._lock:
             self._items.append((deltas, item))
             if len(self._items) > 1:
-                return  # a wake-up is already on its way and will drain this item too
+                return  # a wake-up is due or on its way and will drain this item too
+        self._due.append(self)
+
+    def wake(self) -> None:
         try:
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:

@@ -218,13 +218,47 @@ def takes_host_drafts(graph: GraphDescriptor) -> bool:
     return graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) and not learned
 
 
-def bind(plan: ScheduledPlan, contexts: Mapping, page_table: torch.Tensor) -> BoundFrame:
-    """The program inputs for ``plan`` (``contexts`` maps each lane's handle to a ``LaneContext``)."""
+class RowInputCache:
+    """The per-row input tensors of recent frames, by the values they hold, for frames that repeat them.
+
+    A decode frame at a steady batch binds the same slots, query lengths and
+    sampling frame after frame, and programs only read these inputs, so the
+    tensors made for one frame serve every later frame with the same values
+    (a frame still queued keeps reading the same, unchanged values). Making
+    them afresh was about a dozen tensor constructions per frame, each one a
+    point where the control thread gives up the GIL and waits to get it back:
+    the largest part of binding a batch-1 frame (benchmarks/host_loop.py).
+    """
+
+    __slots__ = ("_inputs",)
+    LIMIT = 64  # distinct row sets kept; past it the cache starts afresh
+
+    def __init__(self) -> None:
+        self._inputs: dict[tuple, dict[str, torch.Tensor]] = {}
+
+    def row_inputs(self, graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Mapping) -> dict[str, torch.Tensor]:
+        key = (graph.batch_capacity, tuple((r.row, r.lane.handle.slot, r.query_length, contexts[r.lane.handle].sampling)
+                                           for r in rows))
+        found = self._inputs.get(key)
+        if found is None:
+            if len(self._inputs) >= self.LIMIT:
+                self._inputs.clear()
+            found = self._inputs[key] = _all_row_inputs(graph, rows, contexts)
+        return found
+
+
+def bind(plan: ScheduledPlan, contexts: Mapping, page_table: torch.Tensor,
+         cache: RowInputCache | None = None) -> BoundFrame:
+    """The program inputs for ``plan`` (``contexts`` maps each lane's handle to a ``LaneContext``).
+
+    With a ``cache`` (the engine's), row inputs equal to a recent frame's are that frame's tensors.
+    """
     graph = plan.graph
     if len(plan.lanes) > graph.batch_capacity:
         raise ValueError(f"{graph.id}: {len(plan.lanes)} lanes exceed B = {graph.batch_capacity}")
     rows = _layout(plan, row_lengths(plan))
-    inputs = {"page_table": page_table, **_row_inputs(graph, rows, contexts), **_control_inputs(graph.batch_capacity, rows, contexts)}
+    per_row = cache.row_inputs(graph, rows, contexts) if cache is not None else _all_row_inputs(graph, rows, contexts)
+    inputs = {"page_table": page_table, **per_row}
     if graph.kind in PROMPT_KINDS:
         inputs.update(_prompt_inputs(plan, rows, contexts))
     if takes_host_drafts(graph):
@@ -248,6 +282,10 @@ def _layout(plan: ScheduledPlan, lengths: Sequence[int]) -> list[BoundRow]:
     elif offset > graph.max_packed_tokens:
         raise ValueError(f"{graph.id}: {offset} packed tokens exceed its capacity {graph.max_packed_tokens}")
     return rows
+
+
+def _all_row_inputs(graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Mapping) -> dict[str, torch.Tensor]:
+    return {**_row_inputs(graph, rows, contexts), **_control_inputs(graph.batch_capacity, rows, contexts)}
 
 
 def _row_inputs(graph: GraphDescriptor, rows: Sequence[BoundRow], contexts: Mapping) -> dict[str, torch.Tensor]:

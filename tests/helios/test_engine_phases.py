@@ -386,7 +386,7 @@ def test_an_internal_error_fails_every_request_and_stops_admitting_instead_of_ha
 
 
 def test_deliveries_of_one_burst_wake_the_event_loop_once_and_keep_their_order():
-    """The control thread's puts before the loop runs arrive in order, after a single wake-up."""
+    """The control thread's puts wait in the outbox until it wakes the loop once; they arrive in order."""
     import threading
 
     from helios.runtime.engine import _Outbox
@@ -396,13 +396,39 @@ def test_deliveries_of_one_burst_wake_the_event_loop_once_and_keep_their_order()
         wakes = []
         real = loop.call_soon_threadsafe
         loop.call_soon_threadsafe = lambda fn, *a: wakes.append(fn) or real(fn, *a)
-        outbox, first, second = _Outbox(loop), asyncio.Queue(), asyncio.Queue()
-        worker = threading.Thread(target=lambda: [outbox.put(q, i) for i, q in enumerate([first, second, first])])
+        due = []
+        outbox, first, second = _Outbox(loop, due), asyncio.Queue(), asyncio.Queue()
+
+        def control_step(puts):
+            for i, q in puts:
+                outbox.put(q, i)
+            woken = list(due)
+            due.clear()
+            for o in woken:
+                o.wake()
+        worker = threading.Thread(target=control_step, args=([(0, first), (1, second), (2, first)],))
         worker.start()
-        worker.join()  # all three put before the loop ran again
+        worker.join()  # all three put, one wake-up, before the loop ran again
         got = [await first.get(), await second.get(), await first.get()]
-        outbox.put(second, 3)  # after the drain: a new wake-up
+        control_step([(3, second)])  # after the drain: a new wake-up
         got.append(await second.get())
         return got, len(wakes)
 
     assert asyncio.run(body()) == ([0, 1, 2, 3], 2)
+
+
+def test_a_steps_deliveries_wake_the_event_loop_after_it_submitted_the_next_frame(catalog, eager):
+    """The loop's turn (HTTP writes in a server) must overlap the next frame's program, not delay its start."""
+    engine = make_engine(catalog, eager)
+    log = []
+    work_put = engine._work.put
+    engine._work.put = lambda item: (item is not None and log.append("submit")) or work_put(item)  # None: stop
+    wake_listeners, step = engine._wake_listeners, engine._step
+    engine._wake_listeners = lambda: log.append("wake" if engine._due else "idle") or wake_listeners()
+    engine._step = lambda batch: log.append("step") or step(batch)
+    _, ids, _, deltas = serve(engine, lambda e: collect(e, request(e, "w", "hello there", 8)))
+    assert len(ids) == 8
+    segments = [s.split() for s in " ".join(entry for entry in log if entry != "idle").split("step") if s.strip()]
+    assert all("submit" not in segment[segment.index("wake"):] for segment in segments if "wake" in segment)
+    # every step that published a token while a frame was left to plan submitted it before waking the loop
+    assert sum(1 for segment in segments if segment[-2:] == ["submit", "wake"]) >= len(deltas) - 2

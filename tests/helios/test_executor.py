@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flare_contract.graphs import GraphDescriptor, GraphKind, ValueSource
-from helios.runtime.executor import Executor, LaneContext, RowSampling, bind, row_lengths
+from helios.runtime.executor import Executor, LaneContext, RowInputCache, RowSampling, bind, row_lengths
 from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle, ScheduledPlan, SelectionReason
 
 MIXED = GraphDescriptor("mixed_b4_w2_p64", GraphKind.MIXED, batch_capacity=4, proposal_depth=1, width=2,
@@ -82,6 +82,29 @@ def test_row_sampling_masks_leave_padding_rows_greedy_and_uncut():
     assert x["top_p"].tolist() == pytest.approx([0.9, 0.9, 1.0, 1.0])
     assert x["seed"].tolist() == [1003, 1001, 0, 0]
     assert "draft_tokens" not in x and "prompt_tokens" not in x
+
+
+def test_a_repeated_batch_reuses_its_row_tensors_and_any_changed_value_binds_afresh():
+    """The engine's cache: the same rows and sampling bind the same tensors; a change binds the new values."""
+    cache, lanes = RowInputCache(), [decode_lane(3), decode_lane(1)]
+    names = ("row_slots", "query_lens", "temperature", "top_k", "top_p", "seed", "min_p", "repetition_penalty",
+             "bias_ids")
+    first = bind(plan_of(DECODE, lanes), contexts(lanes), page_table(), cache).inputs
+    again = bind(plan_of(DECODE, lanes), contexts(lanes), page_table(), cache).inputs
+    assert all(again[name] is first[name] for name in names)
+    uncached = bind(plan_of(DECODE, lanes), contexts(lanes), page_table()).inputs
+    assert all(torch.equal(first[name], uncached[name]) for name in names)
+    changes = {"slot": [decode_lane(2), decode_lane(1)], "length": [decode_lane(3, 2), decode_lane(1)],
+               "order": [decode_lane(1), decode_lane(3)]}
+    for what, changed in changes.items():
+        got = bind(plan_of(MIXED, changed), contexts(changed), page_table(), cache).inputs
+        want = bind(plan_of(MIXED, changed), contexts(changed), page_table()).inputs
+        assert all(torch.equal(got[name], want[name]) for name in names), what
+    other = contexts(lanes)
+    other[lanes[0].handle] = LaneContext(RowSampling(temperature=0.5, seed=7, repetition_penalty=1.3))
+    got = bind(plan_of(DECODE, lanes), other, page_table(), cache).inputs
+    assert got["seed"].tolist() == [7, 1001, 0, 0] and got["repetition_penalty"].tolist()[:2] == pytest.approx([1.3, 1.0])
+    assert bind(plan_of(DECODE, lanes), contexts(lanes), page_table(), cache).inputs["seed"] is first["seed"]
 
 
 def test_S2_prefix_limit_rows_carry_their_ceilings_even_when_they_sum_above_P():

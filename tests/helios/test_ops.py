@@ -27,6 +27,7 @@ class _PythonKernels:
     write_kv = staticmethod(kv_cache.write_kv)
     paged_attention = staticmethod(attention.paged_attention)
     write_slot_state = staticmethod(slot_state.write_slot_state)
+    write_token_history = staticmethod(slot_state.write_token_history)
 
 
 @pytest.fixture(params=["installed", "python"])
@@ -180,6 +181,7 @@ def test_ops_pass_opcheck():
     state = (torch.arange(SLOTS), torch.arange(SLOTS, dtype=torch.int32))
     new = (torch.arange(len(row_slots)) + 50, torch.arange(len(row_slots), dtype=torch.int32) + 9)
     torch.library.opcheck(torch.ops.flare.write_slot_state.default, (*state, row_slots, query_lens, *new))
+    torch.library.opcheck(torch.ops.flare.write_token_history.default, _history_case(3))
 
 
 def test_paged_attention_reads_only_the_live_context(flare):
@@ -204,6 +206,39 @@ def test_paged_attention_reads_only_the_live_context(flare):
     v_cache[:, ~live] = float("nan")
     got = flare.paged_attention(q, k_cache, v_cache, 0, garbage_table, *args)
     assert torch.equal(got, want)  # the same op on the same live values: one path, so bitwise
+
+
+VOCAB = 10
+
+
+def _history_case(seed: int):
+    """Slot histories, and a frame whose active rows carry new histories for their slots."""
+    gen, row_slots, query_lens, _ = _ragged_case(seed)
+    counts = torch.randint(0, 5, (SLOTS, VOCAB), generator=gen, dtype=torch.int32)
+    seen = torch.rand(SLOTS, VOCAB, generator=gen) < 0.5
+    new_counts = torch.randint(5, 9, (len(row_slots), VOCAB), generator=gen, dtype=torch.int32)
+    new_seen = torch.rand(len(row_slots), VOCAB, generator=gen) < 0.5
+    return counts, seen, row_slots, query_lens, new_counts, new_seen
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_token_history_replaces_only_the_active_rows_slots(seed, flare):
+    counts, seen, row_slots, query_lens, new_counts, new_seen = _history_case(seed)
+    want_counts, want_seen = counts.clone(), seen.clone()
+    for b, (slot, length) in enumerate(zip(row_slots.tolist(), query_lens.tolist())):
+        if length > 0:
+            want_counts[slot], want_seen[slot] = new_counts[b], new_seen[b]
+    flare.write_token_history(counts, seen, row_slots, query_lens, new_counts, new_seen)
+    assert torch.equal(counts, want_counts) and torch.equal(seen, want_seen)
+
+
+def test_token_history_refuses_a_slot_outside_the_state(flare):
+    counts, seen, row_slots, query_lens, new_counts, new_seen = _history_case(1)
+    before = counts.clone()
+    row_slots[0] = SLOTS
+    with pytest.raises(ValueError, match=f"outside 0..{SLOTS - 1}"):
+        flare.write_token_history(counts, seen, row_slots, query_lens, new_counts, new_seen)
+    assert torch.equal(counts, before)
 
 
 def test_active_rows_sharing_a_slot_are_rejected(flare):

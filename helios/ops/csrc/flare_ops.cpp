@@ -250,10 +250,32 @@ void write_slot_state(at::Tensor pending, at::Tensor seq_lens, const at::Tensor&
   }
 }
 
+// Every active row's slot takes that row's token history (counts and prompt ids seen) whole; a Python
+// kernel here would take the GIL inside every compiled program call (it runs once per frame).
+void write_token_history(at::Tensor token_counts, at::Tensor prompt_seen, const at::Tensor& row_slots,
+                         const at::Tensor& query_lens, const at::Tensor& new_counts, const at::Tensor& new_seen) {
+  auto slots = ints(row_slots), lens = ints(query_lens);
+  std::vector<int64_t> active, rows;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    if (lens[b] > 0) {
+      active.push_back(slots[b]);
+      rows.push_back(static_cast<int64_t>(b));
+    }
+  }
+  const int64_t num_slots = token_counts.size(0);
+  for (int64_t s : active)
+    TORCH_CHECK_VALUE(0 <= s && s < num_slots, "row_slots ", list_text(active), " outside 0..", num_slots - 1);
+  for (size_t i = 0; i < active.size(); ++i) {
+    token_counts.select(0, active[i]).copy_(new_counts.select(0, rows[i]));
+    prompt_seen.select(0, active[i]).copy_(new_seen.select(0, rows[i]));
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flare, CPU, m) {
   m.impl("write_kv", &write_kv);
   m.impl("paged_attention", &paged_attention);
   m.impl("write_slot_state", &write_slot_state);
+  m.impl("write_token_history", &write_token_history);
 }
