@@ -4,8 +4,9 @@ The scheduler decides *when* a restore or snapshot runs (P1-P4, P6, K2); this
 store decides *which rows* (K1 anchors offered at admission, K3 destinations
 and victims at bind time) and keeps them fenced:
 
-- a row being restored from is ``COPYING`` from admission until its restore
-  completes or its request goes, so no snapshot evicts it meanwhile;
+- a row being restored from is ``COPYING`` from admission until the last
+  pending restore from it completes or its request goes, so no snapshot
+  evicts it meanwhile;
 - a snapshot's destination is *armed* from bind until its frame completes:
   no other snapshot is given it, and it joins the index only once the copy
   has completed (a failed or cancelled copy publishes nothing);
@@ -97,17 +98,22 @@ class CheckpointStore:
             self._restoring[handle] = checkpoint
 
     def restored(self, handle: RequestHandle) -> None:
-        """The request's restore completed (or will never run): its source row may be evicted again."""
-        checkpoint = self._restoring.pop(handle, None)
-        if checkpoint is not None and checkpoint.use is RowUse.COPYING:
-            checkpoint.use = RowUse.FREE_TO_EVICT
+        """The request's restore completed (or will never run): its source row may be evicted again,
+        once no other request's restore from it is still pending."""
+        self._unfence(self._restoring.pop(handle, None))
 
     def released(self, handle: RequestHandle, checkpoint: Checkpoint | None = None) -> None:
         """The request is gone: whatever it held is given back."""
-        if checkpoint is not None and checkpoint.use is RowUse.COPYING:
-            checkpoint.use = RowUse.FREE_TO_EVICT
+        self._unfence(checkpoint)
         self.restored(handle)
         self.disarm(handle)
+
+    def _unfence(self, checkpoint: Checkpoint | None) -> None:
+        if checkpoint is None or checkpoint.use is not RowUse.COPYING:
+            return
+        if any(pending is checkpoint for pending in self._restoring.values()):
+            return  # another request still copies from this row: it stays fenced
+        checkpoint.use = RowUse.FREE_TO_EVICT
 
     # -- snapshots -----------------------------------------------------------------
 
