@@ -857,6 +857,7 @@ class HeliosEngine:
             if live is not None and live.handle == lane.handle:
                 if live.done and self.scheduler.holds(live.handle):
                     self.scheduler.cancel(live.handle)  # its terminal snapshot failed: give the capture up (P6)
+                    self._release_if_idle(live)  # it ended before: _end below releases nothing
                 self._end(live, GenerationFailed(message))
 
     def _publish_or_fail(self, live: Live, token: GeneratedToken, logprobs: Sequence[TokenLogprob] = ()) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from engine_driver import serve, wait_idle
 from eager_target import assert_same_or_near_tie
+from helios.runtime.checkpoint_store import CheckpointStore
 from helios.runtime.engine import EngineConfig, HeliosEngine
 from helios.runtime.engine_api import GenerationRequest, SamplingParams
 
@@ -123,4 +124,33 @@ def test_prompt_end_snapshots_run_when_only_speculative_programs_decode(catalog,
 
     idle = serve(engine, body)
     assert idle.checkpoints.captures >= 8  # prompt-end and terminal snapshots ran
+    engine.pages.assert_no_leaks()
+
+
+def test_a_terminal_snapshot_that_fails_to_bind_gives_its_finished_requests_slot_back(catalog, eager, monkeypatch):
+    """P6: a finished request held for its terminal snapshot whose frame fails while being prepared
+    gives the capture up *and* its slot and pages: the request had already ended, so ending it again
+    released nothing, and the slot stayed owned until the engine stopped."""
+    engine = make_engine(catalog, eager)
+    choose = CheckpointStore.destination
+    failed = []
+
+    def destination(store, handle):
+        live = engine._by_slot.get(handle.slot)
+        if live is not None and live.done:
+            failed.append(handle)
+            raise RuntimeError("injected: no destination for a terminal snapshot")
+        return choose(store, handle)
+
+    monkeypatch.setattr(CheckpointStore, "destination", destination)
+    prompt = tuple(engine.tokenizer.encode(FIRST, add_special_tokens=True))
+
+    async def body(engine):
+        tokens, _ = await run(engine, greedy("t1", prompt))
+        return tokens, await asyncio.to_thread(wait_idle, engine, 5.0)
+
+    tokens, idle = serve(engine, body)
+    assert failed, "no terminal snapshot was attempted"
+    assert len(tokens) == TOKENS and idle.requests_running == 0
+    assert not engine._by_slot and not engine.checkpoints._armed
     engine.pages.assert_no_leaks()
