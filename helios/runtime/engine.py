@@ -333,6 +333,7 @@ class HeliosEngine:
         self._by_slot: dict[int, Live] = {}
         self._by_id: dict[str, Live] = {}
         self._fence = 0
+        self._running = 0  # frames handed to the device whose completion is not handled yet
         self._lock = threading.Lock()
         self._counters = _Counters()
         self._accepting = True
@@ -539,6 +540,7 @@ class HeliosEngine:
             while not self._events.empty():
                 batch.append(self._events.get())
             if any(isinstance(event, _Stop) for event in batch):
+                self._drain([event for event in batch if not isinstance(event, _Stop)])
                 self._work.put(None)
                 return
             began = time.perf_counter_ns()
@@ -549,6 +551,23 @@ class HeliosEngine:
                     self._break_down(exc)
                 self._wake_listeners()
                 self._counters.host_ns += time.perf_counter_ns() - began
+
+    def _drain(self, events: list) -> None:
+        """Stopping: handle the events taken with the stop, then wait for every submitted frame's completion,
+        planning nothing new. A completion dropped here would leave its fence queued in the scheduler for
+        good, and an engine started again would plan nothing after it (a request that never finishes)."""
+        while True:
+            with self._lock:
+                try:
+                    for event in events:
+                        if not isinstance(event, _Stop):
+                            self._handle(event)
+                except Exception as exc:
+                    self._break_down(exc)
+                self._wake_listeners()
+                if self._running == 0:
+                    return
+            events = [self._events.get()]
 
     def _wake_listeners(self) -> None:
         """Hand this step's deliveries to their event loops: after the next frame was submitted (_Outbox)."""
@@ -587,6 +606,7 @@ class HeliosEngine:
         elif isinstance(event, _Cancel):
             self._cancel(event.request_id)
         elif isinstance(event, _Finished):
+            self._running -= 1
             self._finish_frame(event)
         elif isinstance(event, _AbortAll):
             for live in [*self._waiting, *self._by_slot.values()]:
@@ -706,6 +726,7 @@ class HeliosEngine:
             return
         self._fence += 1
         self._counters.queued_commits += queued_behind
+        self._running += 1
         self._work.put((self._fence, plan, frame, time.monotonic_ns()))
 
     def _bind(self, plan: ScheduledPlan) -> BoundFrame | BoundState:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
+import time
 
 import pytest
 import torch
@@ -153,4 +155,67 @@ def test_a_terminal_snapshot_that_fails_to_bind_gives_its_finished_requests_slot
     assert failed, "no terminal snapshot was attempted"
     assert len(tokens) == TOKENS and idle.requests_running == 0
     assert not engine._by_slot and not engine.checkpoints._armed
+    engine.pages.assert_no_leaks()
+
+
+def test_a_frame_completing_as_the_engine_stops_is_not_lost_and_a_restarted_engine_serves(catalog, eager):
+    """Stopping with a frame in flight (with reuse on, a finished request's terminal snapshot always is):
+    a completion the control thread took together with the stop was dropped, its fence stayed queued in
+    the scheduler for good, and the engine started again planned nothing: the next request never
+    finished (the intermittent stall of the sampling-controls tests, which serve one engine twice).
+
+    The snapshot is held on the device until the control thread is parked behind the engine's lock,
+    so its completion and the stop are queued together, deterministically."""
+    parked, snapshot_calls = threading.Event(), []
+    state_program = lambda gid: catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
+
+    def program_for(gid):
+        program = state_program(gid)
+        if not gid.startswith("snapshot_"):
+            return program
+
+        def held(**named):
+            snapshot_calls.append(gid)
+            if len(snapshot_calls) == 1:
+                assert parked.wait(20), "the test never released the first snapshot"
+            return program(**named)
+        return held
+
+    engine = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, prefix_reuse=True),
+                          program_for=program_for)
+    first = tuple(engine.tokenizer.encode(FIRST, add_special_tokens=True))
+    follow = tuple(engine.tokenizer.encode(FOLLOW, add_special_tokens=False))
+
+    def wait_for(condition, what):
+        deadline = time.monotonic() + 20
+        while not condition():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.005)
+
+    async def turn_one():
+        await engine.start()
+        answer, _ = await run(engine, greedy("t1", first))  # its terminal snapshot is submitted, and held
+        stopper = threading.Thread(target=engine.shutdown)
+        with engine._lock:  # the control thread takes its next event, then waits here
+            engine.cancel("no-such-request")
+            await asyncio.to_thread(wait_for, lambda: engine._events.empty(), "the control thread took no event")
+            await asyncio.sleep(0.2)  # it is parked on the lock, its batch taken
+            parked.set()  # the snapshot completes: its completion is queued ...
+            await asyncio.to_thread(wait_for, lambda: engine._events.qsize() == 1, "the snapshot never completed")
+            stopper.start()  # ... and then the stop, behind it: the next batch holds both
+            await asyncio.to_thread(wait_for, lambda: engine._events.qsize() == 2, "the stop was never queued")
+        await asyncio.to_thread(stopper.join, 20)
+        assert not stopper.is_alive()
+        return answer
+
+    answer = asyncio.run(turn_one())
+    assert snapshot_calls, "no terminal snapshot ran: the test proves nothing"
+    assert engine.scheduler.queued_fences == (), "a stopped engine still waits for a frame's completion"
+
+    async def turn_two(engine):
+        return await asyncio.wait_for(run(engine, greedy("t2", (*first, *answer, *follow))), 30)
+
+    reply, cached = serve(engine, turn_two)
+    assert len(reply) == TOKENS
+    assert cached == len(first) + len(answer) - 1  # the snapshot completed during the stop was published
     engine.pages.assert_no_leaks()
