@@ -62,9 +62,9 @@ def run(
         False, "--disable-log-requests", help="No access-log line on stdout per finished request."),
     log_stats_interval: float = typer.Option(
         10.0, "--log-stats-interval", help="Seconds between stats lines on stdout (running, waiting, pages, tokens/s); 0: none."),
-    prefix_reuse: bool = typer.Option(
-        False, "--prefix-reuse/--no-prefix-reuse",
-        help="Restore retained checkpoints for prompts that extend them, and capture new ones (catalogs with a checkpoint store; off by default while it is new)."),
+    prefix_reuse: Optional[bool] = typer.Option(
+        None, "--prefix-reuse/--no-prefix-reuse", show_default=False,
+        help="Restore retained checkpoints for prompts that extend them, and capture new ones (default: on where the catalog keeps a checkpoint store; --prefix-reuse on a catalog without one is refused)."),
 ) -> None:
     """Serve a catalog over an OpenAI-compatible HTTP API (docs/cli.md, docs/runtime.md)."""
     import logging

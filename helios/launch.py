@@ -67,7 +67,8 @@ class RunOptions:
     # --scheduler-choice FIELD=0|1: PolicyConfig's price-flow choices (docs/scheduling-utility.md,
     # "Departures from the spec"), applied after the preset
     choices: tuple[str, ...] = ()
-    prefix_reuse: bool = False  # --prefix-reuse/--no-prefix-reuse (catalogs with a checkpoint store; off by default)
+    # --prefix-reuse/--no-prefix-reuse; None (neither): on where the catalog keeps a checkpoint store
+    prefix_reuse: bool | None = None
     terminal_value: float | None = None  # --scheduler-terminal-value (None: the policy's)
     terminal_age_price: float | None = None  # --scheduler-terminal-age-price
 
@@ -112,7 +113,7 @@ class RunOptions:
         threads = self.threads or os.cpu_count() or 1
         return EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]),
                             speculative_width=self.speculative_width, max_waiting=self.max_waiting,
-                            queue_timeout_s=self.queue_timeout, prefix_reuse=self.prefix_reuse)
+                            queue_timeout_s=self.queue_timeout, prefix_reuse=self.prefix_reuse is not False)
 
     def check_selection(self, catalog: Catalog) -> None:
         """``--speculation``/``--speculative-width`` must name programs the catalog has (spec C6, Y3)."""
@@ -121,7 +122,7 @@ class RunOptions:
         except ValueError as exc:
             width = "" if self.speculative_width is None else f" --speculative-width {self.speculative_width}"
             raise LaunchError(f"--speculation {self.speculation}{width}: {exc}") from None
-        if self.prefix_reuse and catalog.checkpoint_rows == 0:
+        if self.prefix_reuse is True and catalog.checkpoint_rows == 0:  # asked for; by default it is just off
             raise LaunchError(f"--prefix-reuse: catalog {catalog.path} keeps no checkpoint store (recipe "
                               "`checkpoints: {rows: N}`, docs/checkpoints.md); capture one with it, or drop the flag")
 

@@ -104,7 +104,7 @@ class EngineConfig:
     speculative_width: int | None = None  # adaptive: widest W to load; fixed: the one W (None: the widest)
     max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which submit refuses (503)
     queue_timeout_s: float | None = None  # longest wait for a slot before QueueTimeout (None: no limit)
-    prefix_reuse: bool = False  # restore retained checkpoints and capture new ones, where the catalog has a store
+    prefix_reuse: bool = True  # restore retained checkpoints and capture new ones, where the catalog has a store
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:

@@ -170,8 +170,8 @@ def test_terminal_and_reuse_flags_reach_the_policy_and_the_engine():
     class Device:
         manifest = type("M", (), {"device": {"kind": "cpu"}})()
     default = RunOptions().engine_config(Device())
-    chosen = RunOptions(terminal_value=7.0, terminal_age_price=0.25, prefix_reuse=True).engine_config(Device())
-    assert not default.prefix_reuse and chosen.prefix_reuse
+    chosen = RunOptions(terminal_value=7.0, terminal_age_price=0.25, prefix_reuse=False).engine_config(Device())
+    assert default.prefix_reuse and not chosen.prefix_reuse  # on unless --no-prefix-reuse
     assert (chosen.policy.terminal_value, chosen.policy.terminal_age_price) == (7.0, 0.25)
     assert (default.policy.terminal_value, default.policy.terminal_age_price) != (7.0, 0.25)
 
@@ -180,7 +180,8 @@ def test_prefix_reuse_on_a_catalog_without_a_store_is_refused():
     """A flag the catalog cannot honour is refused, not accepted and ignored."""
     class NoStore:
         descriptors, checkpoint_rows, path = (), 0, Path("/catalogs/plain")
-    RunOptions().check_selection(NoStore())
+    RunOptions().check_selection(NoStore())  # by default such a catalog is served without reuse
+    RunOptions(prefix_reuse=False).check_selection(NoStore())
     with pytest.raises(LaunchError, match=r"--prefix-reuse: catalog /catalogs/plain keeps no checkpoint store"):
         RunOptions(prefix_reuse=True).check_selection(NoStore())
 
