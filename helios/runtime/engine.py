@@ -661,6 +661,8 @@ class HeliosEngine:
         """FIFO admission while a slot and a page claim are free (waiting, never a crash)."""
         while self._waiting and len(self._by_slot) < self.scheduler.request_slots:
             live = self._waiting[0]
+            if self._awaits_capture(live):
+                return  # its predecessor's terminal snapshot publishes within a frame (or gives up): then it is admitted
             positions = self._claimed_positions(live.request)
             if not self.pages.can_claim(positions):
                 return
@@ -677,6 +679,22 @@ class HeliosEngine:
             self.checkpoints.admitted(live.handle, live.restoring)
             self.pages.claim(live.handle.slot, positions)
             self._by_slot[live.handle.slot] = live
+
+    def _awaits_capture(self, live: Live) -> bool:
+        """An immediate continuation waits for publication (spec P6): its prompt extends what a finished
+        request's pending terminal snapshot captures (prompt and output less the pending last token),
+        so admitting it now would miss that checkpoint and prefill it all. The wait ends when the capture
+        completes or is given up (``Scheduler.holds`` turns false either way)."""
+        if not self.checkpoints.enabled or live.request.prompt_logprobs is not None:
+            return False
+        prompt = live.request.prompt_token_ids
+        for held in self._by_slot.values():
+            if held.done and self.scheduler.holds(held.handle):
+                captured = held.history()[:-1]
+                if (len(captured) < len(prompt) and tuple(prompt[:len(captured)]) == tuple(captured)
+                        and self.checkpoints.index.alias(captured) is None):
+                    return True
+        return False
 
     def _admission(self, live: Live) -> AdmitRequest:
         request = live.request

@@ -219,3 +219,38 @@ def test_a_frame_completing_as_the_engine_stops_is_not_lost_and_a_restarted_engi
     assert len(reply) == TOKENS
     assert cached == len(first) + len(answer) - 1  # the snapshot completed during the stop was published
     engine.pages.assert_no_leaks()
+
+
+def test_a_follow_up_sent_as_the_first_turn_ends_waits_for_its_terminal_snapshot(catalog, eager):
+    """P6: snapshot completion and cache publication precede admission of an immediate continuation.
+    The follow-up is sent the moment turn 1's last delta arrives, while turn 1's terminal snapshot is
+    still on the device (held there 0.3 s): admitted at once it found no checkpoint and prefilled all."""
+    state_program = lambda gid: catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
+
+    def program_for(gid):
+        program = state_program(gid)
+        if not gid.startswith("snapshot_"):
+            return program
+
+        def slow(**named):
+            time.sleep(0.3)
+            return program(**named)
+        return slow
+
+    engine = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, prefix_reuse=True),
+                          program_for=program_for)
+    first = tuple(engine.tokenizer.encode(FIRST, add_special_tokens=True))
+    follow = tuple(engine.tokenizer.encode(FOLLOW, add_special_tokens=False))
+
+    async def body(engine):
+        answer, _ = await run(engine, greedy("t1", first))
+        held = engine.stats().kv_pages_used  # read as the follow-up is sent: t1 still holds its pages
+        reply, cached = await run(engine, greedy("t2", (*first, *answer, *follow)))
+        return answer, reply, cached, held, await asyncio.to_thread(wait_idle, engine)
+
+    answer, reply, cached, held, idle = serve(engine, body, timeout_s=60)
+    assert held > 0, "turn 1's terminal snapshot had completed already: the test proves nothing"
+    assert len(reply) == TOKENS
+    assert cached == len(first) + len(answer) - 1, (cached, len(first), len(answer))
+    assert idle.checkpoints.hits == 1
+    engine.pages.assert_no_leaks()
