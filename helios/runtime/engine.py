@@ -339,6 +339,7 @@ class HeliosEngine:
         self._threads: list[threading.Thread] = []
         self._outbox: _Outbox | None = None  # deliveries to the event loop of the latest submit
         self._due: list[_Outbox] = []  # outboxes holding items the control loop has not woken yet
+        self._waker = _Waker()  # does those wake-ups off the control thread (_Waker)
 
     def _eos_ids(self) -> frozenset[int]:
         from tokenizers import Tokenizer
@@ -386,7 +387,8 @@ class HeliosEngine:
         if self._threads:
             return
         self._threads = [threading.Thread(target=self._control_loop, name="helios-control", daemon=True),
-                         threading.Thread(target=self._device_loop, name="helios-device", daemon=True)]
+                         threading.Thread(target=self._device_loop, name="helios-device", daemon=True),
+                         threading.Thread(target=self._waker.run, name="helios-waker", daemon=True)]
         for thread in self._threads:
             thread.start()
 
@@ -540,6 +542,7 @@ class HeliosEngine:
                 batch.append(self._events.get())
             if any(isinstance(event, _Stop) for event in batch):
                 self._work.put(None)
+                self._waker.stop()  # after every wake-up handed to it
                 return
             began = time.perf_counter_ns()
             with self._lock:
@@ -551,10 +554,11 @@ class HeliosEngine:
                 self._counters.host_ns += time.perf_counter_ns() - began
 
     def _wake_listeners(self) -> None:
-        """Hand this step's deliveries to their event loops: after the next frame was submitted (_Outbox)."""
-        due, self._due[:] = list(self._due), []
-        for outbox in due:
-            outbox.wake()
+        """Hand this step's deliveries to their event loops: after the next frame was submitted (_Outbox),
+        by the waker thread, so the control thread never waits out the loop's wake-up (_Waker)."""
+        for outbox in self._due:
+            self._waker.wake(outbox)
+        self._due.clear()
 
     def _next_event(self):
         """The next event, or a ``_Tick`` once the oldest waiting request has waited ``--queue-timeout``."""
@@ -997,10 +1001,11 @@ class _Outbox:
     the control thread waits for the GIL while the loop runs: measured at
     batch 1 (benchmarks/host_loop.py), the largest host cost of a frame. So
     ``put`` (control thread) only queues the item and notes the outbox in
-    ``due``; the control loop calls ``wake`` once its step has planned and
-    submitted the next frame, so the loop's turn (and the HTTP writes it does)
-    overlaps that frame's program instead of delaying its start. The loop
-    drains every item put before it ran, in order.
+    ``due``; once its step has planned and submitted the next frame the
+    control loop hands the outbox to the waker thread, which calls ``wake``
+    (``_Waker``), so the loop's turn (and the HTTP writes it does) overlaps
+    that frame's program instead of delaying its start. The loop drains every
+    item put before it ran, in order.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, due: list[_Outbox]) -> None:
@@ -1027,6 +1032,33 @@ class _Outbox:
             items, self._items = self._items, []
         for deltas, item in items:
             deltas.put_nowait(item)
+
+
+class _Waker:
+    """A thread that wakes event loops (``_Outbox.wake``) for the control thread.
+
+    ``call_soon_threadsafe`` writes to the loop's self-pipe; the loop wakes and
+    asks for the GIL, and the writing thread then waits to get it back. Done by
+    the control thread, that wait (about 1 ms per frame at batch 1 on two
+    cores, benchmarks/host_loop.py's ``wake`` line) sat between finishing one
+    frame and planning the next. Handing the outbox to this thread is a lock
+    release: the control thread runs on, and the waker writes once the control
+    thread next blocks (waiting for its next event) or after the interpreter's
+    switch interval. Outboxes are woken in the order handed over.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def wake(self, outbox: _Outbox) -> None:
+        self._queue.put(outbox)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def run(self) -> None:
+        while (outbox := self._queue.get()) is not None:
+            outbox.wake()
 
 
 def _deliverer(outbox: _Outbox, deltas: asyncio.Queue) -> Callable[[TextDelta | Exception], None]:

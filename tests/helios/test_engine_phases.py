@@ -417,6 +417,23 @@ def test_deliveries_of_one_burst_wake_the_event_loop_once_and_keep_their_order()
     assert asyncio.run(body()) == ([0, 1, 2, 3], 2)
 
 
+def test_the_event_loops_wake_ups_are_written_by_the_waker_thread_never_the_control_thread(catalog, eager):
+    """The self-pipe write of ``call_soon_threadsafe`` (and the GIL wait after it) stays off the control thread."""
+    import threading
+
+    async def body(engine):
+        loop = asyncio.get_running_loop()
+        writers = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda fn, *a: writers.append(threading.current_thread().name) or real(fn, *a)
+        result = await collect(engine, request(engine, "w", "hello there", 8))
+        return result, list(writers)  # before stop(), whose to_thread completes through the same call
+
+    (_, ids, _, deltas), writers = serve(make_engine(catalog, eager), body)
+    assert len(ids) == 8 and len(deltas) >= 2
+    assert writers and set(writers) == {"helios-waker"}
+
+
 def test_a_steps_deliveries_wake_the_event_loop_after_it_submitted_the_next_frame(catalog, eager):
     """The loop's turn (HTTP writes in a server) must overlap the next frame's program, not delay its start."""
     engine = make_engine(catalog, eager)
