@@ -25,6 +25,7 @@ import asyncio
 import logging
 import queue
 import random
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -105,6 +106,9 @@ class EngineConfig:
     max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which submit refuses (503)
     queue_timeout_s: float | None = None  # longest wait for a slot before QueueTimeout (None: no limit)
     prefix_reuse: bool = False  # restore retained checkpoints and capture new ones, where the catalog has a store
+    # the interpreter's GIL switch interval while the engine runs (sys.setswitchinterval; None: leave it): a worker
+    # whose compiled call returned waits this long for the GIL before it may take it from a busy Python thread
+    switch_interval_s: float | None = 0.0005
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -115,6 +119,8 @@ class EngineConfig:
             raise ValueError(f"frame_slots must be 1 or 2 (spec A7), got {self.frame_slots}")
         if self.speculative_width is not None and self.speculative_width < 1:
             raise ValueError(f"speculative_width must be >= 1, got {self.speculative_width}")
+        if self.switch_interval_s is not None and not 0.0 < self.switch_interval_s <= 1.0:
+            raise ValueError(f"switch_interval_s must be in (0, 1] seconds, got {self.switch_interval_s}")
 
 
 def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
@@ -340,6 +346,7 @@ class HeliosEngine:
         self._outbox: _Outbox | None = None  # deliveries to the event loop of the latest submit
         self._due: list[_Outbox] = []  # outboxes holding items the control loop has not woken yet
         self._waker = _Waker()  # does those wake-ups off the control thread (_Waker)
+        self._switch_interval_before: float | None = None  # the interpreter's, while the engine runs with its own
 
     def _eos_ids(self) -> frozenset[int]:
         from tokenizers import Tokenizer
@@ -386,6 +393,9 @@ class HeliosEngine:
     def _spawn(self) -> None:
         if self._threads:
             return
+        if self.config.switch_interval_s is not None:  # given back by shutdown
+            self._switch_interval_before = sys.getswitchinterval()
+            sys.setswitchinterval(self.config.switch_interval_s)
         self._threads = [threading.Thread(target=self._control_loop, name="helios-control", daemon=True),
                          threading.Thread(target=self._device_loop, name="helios-device", daemon=True),
                          threading.Thread(target=self._waker.run, name="helios-waker", daemon=True)]
@@ -404,6 +414,9 @@ class HeliosEngine:
         for thread in self._threads:
             thread.join()
         self._threads = []
+        if self._switch_interval_before is not None:
+            sys.setswitchinterval(self._switch_interval_before)
+            self._switch_interval_before = None
 
     def warm_up(self) -> None:
         """Load every program and call it once with all rows inactive (which mutates nothing)."""

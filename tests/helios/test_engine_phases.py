@@ -434,6 +434,26 @@ def test_the_event_loops_wake_ups_are_written_by_the_waker_thread_never_the_cont
     assert writers and set(writers) == {"helios-waker"}
 
 
+def test_the_engine_runs_with_its_switch_interval_and_gives_the_interpreters_back_when_it_stops(catalog, eager):
+    """A worker whose program returned waits at most the switch interval for the GIL (docs/runtime.md, "Threads")."""
+    import sys
+
+    before = sys.getswitchinterval()
+    wanted = 0.0023 if abs(before - 0.0023) > 1e-6 else 0.0031
+    engine = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=wanted), program_for=eager)
+
+    async def body(engine):
+        await collect(engine, request(engine, "s", "hello", 2))
+        return sys.getswitchinterval()
+
+    assert serve(engine, body) == pytest.approx(wanted, rel=1e-6)  # the interpreter keeps microseconds
+    assert sys.getswitchinterval() == before
+    untouched = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=None), program_for=eager)
+    assert serve(untouched, lambda e: asyncio.sleep(0, sys.getswitchinterval())) == before
+    with pytest.raises(ValueError, match="switch_interval_s"):
+        EngineConfig(switch_interval_s=0.0)
+
+
 def test_a_steps_deliveries_wake_the_event_loop_after_it_submitted_the_next_frame(catalog, eager):
     """The loop's turn (HTTP writes in a server) must overlap the next frame's program, not delay its start."""
     engine = make_engine(catalog, eager)
