@@ -346,7 +346,7 @@ class HeliosEngine:
         self._outbox: _Outbox | None = None  # deliveries to the event loop of the latest submit
         self._due: list[_Outbox] = []  # outboxes holding items the control loop has not woken yet
         self._waker = _Waker()  # does those wake-ups off the control thread (_Waker)
-        self._switch_interval_before: float | None = None  # the interpreter's, while the engine runs with its own
+        self._holds_switch_interval = False  # this engine runs with its config's (_SwitchInterval)
 
     def _eos_ids(self) -> frozenset[int]:
         from tokenizers import Tokenizer
@@ -394,8 +394,8 @@ class HeliosEngine:
         if self._threads:
             return
         if self.config.switch_interval_s is not None:  # given back by shutdown
-            self._switch_interval_before = sys.getswitchinterval()
-            sys.setswitchinterval(self.config.switch_interval_s)
+            _SWITCH_INTERVAL.hold(self.config.switch_interval_s)
+            self._holds_switch_interval = True
         self._threads = [threading.Thread(target=self._control_loop, name="helios-control", daemon=True),
                          threading.Thread(target=self._device_loop, name="helios-device", daemon=True),
                          threading.Thread(target=self._waker.run, name="helios-waker", daemon=True)]
@@ -414,9 +414,9 @@ class HeliosEngine:
         for thread in self._threads:
             thread.join()
         self._threads = []
-        if self._switch_interval_before is not None:
-            sys.setswitchinterval(self._switch_interval_before)
-            self._switch_interval_before = None
+        if self._holds_switch_interval:
+            _SWITCH_INTERVAL.release()
+            self._holds_switch_interval = False
 
     def warm_up(self) -> None:
         """Load every program and call it once with all rows inactive (which mutates nothing)."""
@@ -1045,6 +1045,36 @@ class _Outbox:
             items, self._items = self._items, []
         for deltas, item in items:
             deltas.put_nowait(item)
+
+
+class _SwitchInterval:
+    """The interpreter's GIL switch interval while engines run (``EngineConfig.switch_interval_s``).
+
+    It is one value per process, so engines running at once share it: the first
+    to start saves the interpreter's, each start sets its own, and the last to
+    stop restores the saved one.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved = 0.0
+
+    def hold(self, seconds: float) -> None:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = sys.getswitchinterval()
+            self._holders += 1
+            sys.setswitchinterval(seconds)
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_SWITCH_INTERVAL = _SwitchInterval()
 
 
 class _Waker:

@@ -450,6 +450,19 @@ def test_the_engine_runs_with_its_switch_interval_and_gives_the_interpreters_bac
     assert sys.getswitchinterval() == before
     untouched = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=None), program_for=eager)
     assert serve(untouched, lambda e: asyncio.sleep(0, sys.getswitchinterval())) == before
+
+    async def two_at_once(first):  # engines running together share the value; the last to stop restores it
+        second = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=wanted),
+                              program_for=eager)
+        await second.start()
+        await first.stop()
+        during = sys.getswitchinterval()
+        await second.stop()
+        return during
+
+    assert serve(HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=wanted),
+                              program_for=eager), two_at_once) == pytest.approx(wanted, rel=1e-6)
+    assert sys.getswitchinterval() == before
     with pytest.raises(ValueError, match="switch_interval_s"):
         EngineConfig(switch_interval_s=0.0)
 
