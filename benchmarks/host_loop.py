@@ -16,9 +16,10 @@ control thread's and the device worker's own work, not estimates:
 - control thread: ``plan`` (``Scheduler.plan`` with ``advance_to``), ``bind``
   (page reservation, page-table rows, row packing), ``commit``, ``complete``
   (``Scheduler.complete*``), ``publish`` (detokenisation, stop strings,
-  handing the delta to the request's outbox), ``wake`` (waking the event loop
-  once per control step, after the step submitted its next frame; the loop's
-  turn then overlaps that frame's program), and ``other`` (the rest of the
+  handing the delta to the request's outbox), ``wake`` (handing the step's
+  outboxes to the waker thread once per control step, after the step submitted
+  its next frame; the waker wakes the event loop, whose turn then overlaps that
+  frame's program), and ``other`` (the rest of the
   control loop's counted time: event handling, admission, retirement).
 
 SSE writes happen in the HTTP server's event loop, outside the engine; they are

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import queue
 import random
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -105,6 +106,9 @@ class EngineConfig:
     max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which submit refuses (503)
     queue_timeout_s: float | None = None  # longest wait for a slot before QueueTimeout (None: no limit)
     prefix_reuse: bool = True  # restore retained checkpoints and capture new ones, where the catalog has a store
+    # the interpreter's GIL switch interval while the engine runs (sys.setswitchinterval; None: leave it): a worker
+    # whose compiled call returned waits this long for the GIL before it may take it from a busy Python thread
+    switch_interval_s: float | None = 0.0005
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -115,6 +119,8 @@ class EngineConfig:
             raise ValueError(f"frame_slots must be 1 or 2 (spec A7), got {self.frame_slots}")
         if self.speculative_width is not None and self.speculative_width < 1:
             raise ValueError(f"speculative_width must be >= 1, got {self.speculative_width}")
+        if self.switch_interval_s is not None and not 0.0 < self.switch_interval_s <= 1.0:
+            raise ValueError(f"switch_interval_s must be in (0, 1] seconds, got {self.switch_interval_s}")
 
 
 def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
@@ -340,6 +346,8 @@ class HeliosEngine:
         self._threads: list[threading.Thread] = []
         self._outbox: _Outbox | None = None  # deliveries to the event loop of the latest submit
         self._due: list[_Outbox] = []  # outboxes holding items the control loop has not woken yet
+        self._waker = _Waker()  # does those wake-ups off the control thread (_Waker)
+        self._holds_switch_interval = False  # this engine runs with its config's (_SwitchInterval)
 
     def _eos_ids(self) -> frozenset[int]:
         from tokenizers import Tokenizer
@@ -386,8 +394,12 @@ class HeliosEngine:
     def _spawn(self) -> None:
         if self._threads:
             return
+        if self.config.switch_interval_s is not None:  # given back by shutdown
+            _SWITCH_INTERVAL.hold(self.config.switch_interval_s)
+            self._holds_switch_interval = True
         self._threads = [threading.Thread(target=self._control_loop, name="helios-control", daemon=True),
-                         threading.Thread(target=self._device_loop, name="helios-device", daemon=True)]
+                         threading.Thread(target=self._device_loop, name="helios-device", daemon=True),
+                         threading.Thread(target=self._waker.run, name="helios-waker", daemon=True)]
         for thread in self._threads:
             thread.start()
 
@@ -403,6 +415,9 @@ class HeliosEngine:
         for thread in self._threads:
             thread.join()
         self._threads = []
+        if self._holds_switch_interval:
+            _SWITCH_INTERVAL.release()
+            self._holds_switch_interval = False
 
     def warm_up(self) -> None:
         """Load every program and call it once with all rows inactive (which mutates nothing)."""
@@ -542,6 +557,7 @@ class HeliosEngine:
             if any(isinstance(event, _Stop) for event in batch):
                 self._drain([event for event in batch if not isinstance(event, _Stop)])
                 self._work.put(None)
+                self._waker.stop()  # after every wake-up handed to it
                 return
             began = time.perf_counter_ns()
             with self._lock:
@@ -570,10 +586,11 @@ class HeliosEngine:
             events = [self._events.get()]
 
     def _wake_listeners(self) -> None:
-        """Hand this step's deliveries to their event loops: after the next frame was submitted (_Outbox)."""
-        due, self._due[:] = list(self._due), []
-        for outbox in due:
-            outbox.wake()
+        """Hand this step's deliveries to their event loops: after the next frame was submitted (_Outbox),
+        by the waker thread, so the control thread never waits out the loop's wake-up (_Waker)."""
+        for outbox in self._due:
+            self._waker.wake(outbox)
+        self._due.clear()
 
     def _next_event(self):
         """The next event, or a ``_Tick`` once the oldest waiting request has waited ``--queue-timeout``."""
@@ -1036,10 +1053,11 @@ class _Outbox:
     the control thread waits for the GIL while the loop runs: measured at
     batch 1 (benchmarks/host_loop.py), the largest host cost of a frame. So
     ``put`` (control thread) only queues the item and notes the outbox in
-    ``due``; the control loop calls ``wake`` once its step has planned and
-    submitted the next frame, so the loop's turn (and the HTTP writes it does)
-    overlaps that frame's program instead of delaying its start. The loop
-    drains every item put before it ran, in order.
+    ``due``; once its step has planned and submitted the next frame the
+    control loop hands the outbox to the waker thread, which calls ``wake``
+    (``_Waker``), so the loop's turn (and the HTTP writes it does) overlaps
+    that frame's program instead of delaying its start. The loop drains every
+    item put before it ran, in order.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, due: list[_Outbox]) -> None:
@@ -1066,6 +1084,63 @@ class _Outbox:
             items, self._items = self._items, []
         for deltas, item in items:
             deltas.put_nowait(item)
+
+
+class _SwitchInterval:
+    """The interpreter's GIL switch interval while engines run (``EngineConfig.switch_interval_s``).
+
+    It is one value per process, so engines running at once share it: the first
+    to start saves the interpreter's, each start sets its own, and the last to
+    stop restores the saved one.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved = 0.0
+
+    def hold(self, seconds: float) -> None:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = sys.getswitchinterval()
+            self._holders += 1
+            sys.setswitchinterval(seconds)
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_SWITCH_INTERVAL = _SwitchInterval()
+
+
+class _Waker:
+    """A thread that wakes event loops (``_Outbox.wake``) for the control thread.
+
+    ``call_soon_threadsafe`` writes to the loop's self-pipe; the loop wakes and
+    asks for the GIL, and the writing thread then waits to get it back. Done by
+    the control thread, that wait (about 1 ms per frame at batch 1 on two
+    cores, benchmarks/host_loop.py's ``wake`` line) sat between finishing one
+    frame and planning the next. Handing the outbox to this thread is a lock
+    release: the control thread runs on, and the waker writes once the control
+    thread next blocks (waiting for its next event) or after the interpreter's
+    switch interval. Outboxes are woken in the order handed over.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def wake(self, outbox: _Outbox) -> None:
+        self._queue.put(outbox)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def run(self) -> None:
+        while (outbox := self._queue.get()) is not None:
+            outbox.wake()
 
 
 def _deliverer(outbox: _Outbox, deltas: asyncio.Queue) -> Callable[[TextDelta | Exception], None]:

@@ -418,7 +418,9 @@ class Executor:
         """
         contexts = frame.contexts
         program = self.program_for(frame.plan.graph.id)
-        inputs = {name: t.to(self.device, non_blocking=True) for name, t in frame.inputs.items()}
+        inputs = frame.inputs
+        if self.device.type != "cpu":  # on CPU the bound tensors are the program's inputs as they are
+            inputs = {name: t.to(self.device, non_blocking=True) for name, t in inputs.items()}
         outputs, device_ns = self._timed_call(program, {**inputs, **self.state})
         slots = frame.inputs["page_table"].shape[0]
         wanting = [r for r in frame.rows if _context_of(contexts, r).logprobs]

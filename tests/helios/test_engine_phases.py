@@ -417,6 +417,56 @@ def test_deliveries_of_one_burst_wake_the_event_loop_once_and_keep_their_order()
     assert asyncio.run(body()) == ([0, 1, 2, 3], 2)
 
 
+def test_the_event_loops_wake_ups_are_written_by_the_waker_thread_never_the_control_thread(catalog, eager):
+    """The self-pipe write of ``call_soon_threadsafe`` (and the GIL wait after it) stays off the control thread."""
+    import threading
+
+    async def body(engine):
+        loop = asyncio.get_running_loop()
+        writers = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda fn, *a: writers.append(threading.current_thread().name) or real(fn, *a)
+        result = await collect(engine, request(engine, "w", "hello there", 8))
+        return result, list(writers)  # before stop(), whose to_thread completes through the same call
+
+    (_, ids, _, deltas), writers = serve(make_engine(catalog, eager), body)
+    assert len(ids) == 8 and len(deltas) >= 2
+    assert writers and set(writers) == {"helios-waker"}
+
+
+def test_the_engine_runs_with_its_switch_interval_and_gives_the_interpreters_back_when_it_stops(catalog, eager):
+    """A worker whose program returned waits at most the switch interval for the GIL (docs/runtime.md, "Threads")."""
+    import sys
+
+    before = sys.getswitchinterval()
+    wanted = 0.0023 if abs(before - 0.0023) > 1e-6 else 0.0031
+    engine = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=wanted), program_for=eager)
+
+    async def body(engine):
+        await collect(engine, request(engine, "s", "hello", 2))
+        return sys.getswitchinterval()
+
+    assert serve(engine, body) == pytest.approx(wanted, rel=1e-6)  # the interpreter keeps microseconds
+    assert sys.getswitchinterval() == before
+    untouched = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=None), program_for=eager)
+    assert serve(untouched, lambda e: asyncio.sleep(0, sys.getswitchinterval())) == before
+
+    async def two_at_once(first):  # engines running together share the value; the last to stop restores it
+        second = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=wanted),
+                              program_for=eager)
+        await second.start()
+        await first.stop()
+        during = sys.getswitchinterval()
+        await second.stop()
+        return during
+
+    assert serve(HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, switch_interval_s=wanted),
+                              program_for=eager), two_at_once) == pytest.approx(wanted, rel=1e-6)
+    assert sys.getswitchinterval() == before
+    with pytest.raises(ValueError, match="switch_interval_s"):
+        EngineConfig(switch_interval_s=0.0)
+
+
 def test_a_steps_deliveries_wake_the_event_loop_after_it_submitted_the_next_frame(catalog, eager):
     """The loop's turn (HTTP writes in a server) must overlap the next frame's program, not delay its start."""
     engine = make_engine(catalog, eager)
@@ -430,5 +480,7 @@ def test_a_steps_deliveries_wake_the_event_loop_after_it_submitted_the_next_fram
     assert len(ids) == 8
     segments = [s.split() for s in " ".join(entry for entry in log if entry != "idle").split("step") if s.strip()]
     assert all("submit" not in segment[segment.index("wake"):] for segment in segments if "wake" in segment)
-    # every step that published a token while a frame was left to plan submitted it before waking the loop
-    assert sum(1 for segment in segments if segment[-2:] == ["submit", "wake"]) >= len(deltas) - 2
+    # steps that published a token and had a frame to plan submitted it before waking the loop: most of them
+    # (a step may plan nothing while a frame runs, e.g. a duration probe waiting for the empty window, A8, or
+    # complete two frames at once; with the worker taking the GIL back sooner, both happen run to run)
+    assert sum(1 for segment in segments if segment[-2:] == ["submit", "wake"]) >= len(deltas) // 2
