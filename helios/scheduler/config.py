@@ -33,7 +33,9 @@ class PolicyConfig:
     # Price-flow choices (docs/scheduling-utility.md, "Departures from the spec"; issue 20); 0 is the
     # spec text's rule. The chunk share is the default; counting x by value is not (it lets a long
     # prompt hold the device for hundreds of ms while streams wait, U6).
-    token_rate_by_value: int = 0  # 1: x counts a prompt token as 1/beta output token (0: one for one)
+    # 1: x counts a prompt token as 1/beta output token and a newcomer starts at a batch-feasible share,
+    # where the catalog has a mixed program with a prompt row (0, or no such program: one for one)
+    token_rate_by_value: int = 0
     prompt_chunk_share: int = 1  # a chunk leaving prompt behind earns its time share of the prompt (0: its tokens)
     # 1: where the catalog has mixed programs, a program that leaves work waiting (decoders outside its
     # batch, prompts beside a decode round) scores no more than itself followed by that work's own

@@ -76,6 +76,7 @@ from helios.scheduler.service import (
     MIN_RATE_PER_MS,
     ServiceHistory,
     fair_token_rate,
+    guaranteed_tokens,
     reference_interval_ms,
 )
 from helios.scheduler.speculation import (
@@ -214,6 +215,13 @@ class Scheduler:
         # the last reference intervals (U5): (timing list, decoders per family, sigma per family)
         self._sigmas: tuple[Sequence[GraphTiming], dict, dict] | None = None
         self._full_cadence: tuple[Sequence[GraphTiming], float | None] | None = None  # (timings, d) of ``_full_cadence_ms``
+        # ``PolicyConfig.token_rate_by_value`` takes effect only where a mixed program carries a prompt row
+        # beside decoders (P7; docs/scheduling-utility.md, "What x measures"): without one a prompt valued
+        # against a by-value x has nothing to share its frames with, and its chunks run back to back
+        self._by_value = bool(self.policy.token_rate_by_value) and any(
+            g.kind is GraphKind.MIXED and g.prefill_capacity > 0 for g in self.graphs)
+        self._prompt_weight = self.policy.prompt_service_weight if self._by_value else 1.0
+        self._feasible: tuple[Sequence[GraphTiming], dict[int, float | None]] | None = None  # ``_fair_rate``'s
         self.now_ns = 0
         self._slots: list[RequestState | None] = [None] * request_slots
         self._generation = 0
@@ -280,7 +288,7 @@ class Scheduler:
             handle=handle,
             request=request,
             family=self._family_of(request),
-            service=ServiceHistory.starting_at(fair_token_rate(self._normalizer(), residents)),
+            service=ServiceHistory.starting_at(self._fair_rate(residents)),
             acceptance=RequestAcceptance(),
             admitted_ns=self.now_ns,
             # at least the last prompt token is computed: it yields the first output
@@ -624,6 +632,34 @@ class Scheduler:
         self._sigmas = (timings, counts, out)  # the same timing list and counts give the same sigmas
         return out
 
+    def _fair_rate(self, participants: int) -> float:
+        """A new request's starting x: its fair share among ``participants`` (docs/scheduling-utility.md,
+        "Starting points").
+
+        One for one, the normalizer shared by all. Counted by value, the share a program can actually
+        give: the best, over measured generation programs, of min(rows, participants) tokens per
+        dispatch over its duration, shared by the participants (a 16-row batch does not serve two
+        requests eight times faster than a 2-row one). By value a prompt at full prefill speed gets
+        about one output-token equivalent per ms, so a newcomer started at a share of the full batch's
+        rate would look better served than a prompt that is running, and would wait behind it.
+        """
+        if not self._by_value:
+            return fair_token_rate(self._normalizer(), participants)
+        timings = self._timings()
+        cached = self._feasible
+        if cached is None or cached[0] is not timings:
+            cached = self._feasible = (timings, {})
+        rates = cached[1]
+        if participants not in rates:
+            best = None
+            for graph, timing in zip(self.graphs, timings):
+                if graph.kind in GENERATION_KINDS and timing.duration_ns > 0:
+                    rows = guaranteed_tokens(graph)
+                    rate = (rows if rows < participants else participants) / (timing.duration_ns / 1e6)
+                    best = rate if best is None or rate > best else best
+            rates[participants] = best if best is not None else self._normalizer()
+        return fair_token_rate(rates[participants], participants)
+
     def _normalizer(self) -> float | None:
         """Token normalizer: the best measured token rate of the pure generation programs.
 
@@ -645,7 +681,7 @@ class Scheduler:
         states = tuple(s for s in self._slots if s is not None and s.live)
         participants = tuple(s.handle for s in states)
         normalizer = self._normalizer()
-        self._start_unserved_histories(participants, normalizer)
+        self._start_unserved_histories(participants)
         for lane in plan.lanes:
             state = self._lookup(lane.handle)  # a held terminal is finished but owns its slot (P6)
             fq.hold(state, lane, plan.graph)
@@ -654,10 +690,10 @@ class Scheduler:
         if plan.reason in EXPLORATION_REASONS:
             self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
         self._queue.submit(fence, plan, states, normalizer, self.now_ns, self.policy.adaptation_ms,
-                           self.policy.prompt_service_weight)
+                           self._prompt_weight)
         self._last_fence = fence
 
-    def _start_unserved_histories(self, participants: Sequence[RequestHandle], normalizer: float | None) -> None:
+    def _start_unserved_histories(self, participants: Sequence[RequestHandle]) -> None:
         """A request with no measured interval yet starts at the fair share of this interval's participants.
 
         Its admission-time share depended on who happened to be resident then;
@@ -665,7 +701,7 @@ class Scheduler:
         """
         if not participants:
             return  # only held terminals run (P6): no live request to start
-        rate = fair_token_rate(normalizer, len(participants))
+        rate = self._fair_rate(len(participants))
         for handle in participants:
             state = self._slots[handle.slot]
             if state.service.last_interval is None:
@@ -788,7 +824,7 @@ class Scheduler:
 
     def _served_units(self, state: RequestState) -> float:
         """The committed counters as token-rate service: prompt tokens weighted (PolicyConfig.prompt_service_weight)."""
-        return state.prompt_done * self.policy.prompt_service_weight + state.produced
+        return state.prompt_done * self._prompt_weight + state.produced
 
     def _apply_lane(self, state, lane, plan, record, fence, sidecar=None) -> GeneratedToken | None:
         fq.release(state, lane, plan.graph)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor
 from helios.scheduler.select.catalog import GraphInfo
 from helios.scheduler.select.choice import Choice
-from helios.scheduler.select.evaluate import Evaluated, evaluate, evaluate_scores
+from helios.scheduler.select.evaluate import Evaluated, evaluate_scores
 from helios.scheduler.select.population import Population
 from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.cost import CostModel
@@ -353,8 +353,9 @@ class Explorer:
     def _probe_choice(self, decision: Decision, probe: ProbeCandidate, handle: RequestHandle) -> Choice:
         """The probe program's own best cohort if it gives the lane its full depth; else the lane alone."""
         index = self.index[probe.program.key]
-        found = evaluate(self.graphs, decision.timings, decision.population, self.infos, [index],
-                             decision.winner.selection).get(index)
+        evaluated = evaluate_scores(self.graphs, decision.timings, decision.population, self.infos, [index],
+                                    decision.winner.selection).get(index)
+        found = evaluated.choice() if evaluated is not None else None
         if found is not None and any(
             lane.handle.slot == handle.slot and lane.handle == handle  # the slot first: an int comparison
             and (lane.ceiling or lane.query_length) - 1 >= probe.offered_depth

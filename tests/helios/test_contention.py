@@ -108,3 +108,39 @@ def test_U13_short_prompt_behind_a_long_one_gets_first_output_within_100ms():
     }
     short = run(trace).request("short")
     assert short.first_output_ms() <= FIRST_OUTPUT_MS, f"first output {short.first_output_ms():.1f} ms after arrival"
+
+
+BY_VALUE_AND_CADENCE = {"token_rate_by_value": 1, "age_price_by_cadence": 1}
+
+
+def test_U6_U13_hold_with_x_by_value_and_the_cadence_age_price():
+    """The two choices together (docs/scheduling-utility.md, "The age price from first principles"):
+    at c = beta / d^2 alone the long prompt crawls in 64-token mixed rows (its x, one for one, says it
+    is richly served) and has no output within the horizon; counted by value its price grows while it
+    crawls. A short prompt behind the long one still gets its first output within V3's 100 ms only
+    because a newcomer starts at a batch-feasible share (by value, a running prompt gets about one
+    output-token equivalent per ms; a share of the full batch's rate would rank the newcomer below it).
+    """
+    streams = {
+        "seed": 0,
+        "policy": BY_VALUE_AND_CADENCE,
+        "requests": [
+            *({"id": f"chat-{i}", "prompt_tokens": 64, "max_tokens": 4000, "accepted_drafts": 3} for i in range(4)),
+            {"id": "long", "arrival_ms": 50, "prompt_tokens": LONG_PROMPT, "max_tokens": 16, "accepted_drafts": 3},
+        ],
+    }
+    result = run(streams)
+    assert result.request("long").bursts, "the long prompt must get through its prefill within the horizon"
+    start, end = prefill_window(result, "long")
+    for i in range(4):
+        assert max(gaps_within(result.request(f"chat-{i}"), start, end)) < GAP_MS
+    behind = {
+        "seed": 0,
+        "policy": BY_VALUE_AND_CADENCE,
+        "requests": [
+            {"id": "long", "arrival_ms": 0, "prompt_tokens": LONG_PROMPT, "max_tokens": 16},
+            {"id": "short", "arrival_ms": 5, "prompt_tokens": 64, "max_tokens": 16},
+        ],
+    }
+    short = run(behind).request("short")
+    assert short.first_output_ms() <= FIRST_OUTPUT_MS, f"first output {short.first_output_ms():.1f} ms after arrival"

@@ -29,7 +29,7 @@ class Choice:
     log_scale: float
     prefill_row: int | None
     # the decision's rankings and columns (a ``DecisionRankings``), which funded exploration
-    # reuses to evaluate other programs on the same population (``evaluate``'s ``selection``)
+    # reuses to evaluate other programs on the same population (``evaluate_scores``'s ``selection``)
     selection: "DecisionRankings | None" = field(default=None, compare=False, repr=False)
 
     @property

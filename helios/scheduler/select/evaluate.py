@@ -14,24 +14,6 @@ from helios.scheduler.select.rankings import DecisionRankings
 from helios.scheduler.select.timing import GraphTiming
 
 
-def evaluate(
-    graphs: Sequence[GraphDescriptor],
-    timings: Sequence[GraphTiming],
-    population: Population,
-    infos: Sequence[GraphInfo],
-    indices: Sequence[int],
-    selection: "DecisionRankings | None" = None,
-) -> dict[int, Choice]:
-    """Each listed graph's own best cohort, as ``select`` would build it, by catalog index.
-
-    Funded exploration (D7, D8) needs the cohort and ordinary value of
-    programs that did not win; graphs with nothing to run are left out.
-    ``log_scale`` is 0: callers scale by the winning decision's factor.
-    """
-    found = evaluate_scores(graphs, timings, population, infos, indices, selection)
-    return {index: evaluated.choice() for index, evaluated in found.items()}
-
-
 @dataclass(frozen=True, slots=True)
 class Evaluated:
     """One graph's own best cohort, scored; its lanes are built only when its ``Choice`` is asked for."""
@@ -56,8 +38,14 @@ def evaluate_scores(
     indices: Sequence[int],
     selection: "DecisionRankings | None" = None,
 ) -> dict[int, Evaluated]:
-    """``evaluate`` without building lanes: timing refresh ranks every stale program by its
-    score and runs one, so only that one needs its cohort's lanes (64 per program at most).
+    """Each listed graph's own best cohort, as ``select`` would build it, by catalog index.
+
+    Funded exploration (D7, D8) needs the cohort and ordinary value of
+    programs that did not win; graphs with nothing to run are left out. Lanes
+    are built only by ``Evaluated.choice()``: timing refresh ranks every stale
+    program by its score and runs one, so only that one needs its cohort's
+    lanes (64 per program at most). The choice's ``log_scale`` is 0: callers
+    scale by the winning decision's factor.
 
     ``selection`` is a ``Choice.selection`` of a decision on the same population:
     its rankings are reused (they depend on the population alone).

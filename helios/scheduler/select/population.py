@@ -17,7 +17,21 @@ MAX_REQUEST_SLOTS = 64  # U11: selection is bounded to 64 request slots
 
 
 @dataclass(slots=True)
-class Decoders:
+class Lanes:
+    """Columns every lane kind has: the request and when it was last selected (U8's tie order).
+
+    Both lists of a ``Population`` are least recently selected first.
+    """
+
+    handle: list[RequestHandle] = field(default_factory=list)
+    recency: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.handle)
+
+
+@dataclass(slots=True)
+class Decoders(Lanes):
     """Runnable decoding requests, least recently selected first (U8 tie order).
 
     token_price     beta + f/x      delivery_price  g/z
@@ -33,19 +47,14 @@ class Decoders:
                     probe search reads (D8; empty: it asks for each lane's estimates)
     """
 
-    handle: list[RequestHandle] = field(default_factory=list)
     token_price: list[float] = field(default_factory=list)
     delivery_price: list[float] = field(default_factory=list)
     age_credit: list[float] = field(default_factory=list)
     age_slope: list[float] = field(default_factory=list)
     room: list[int] = field(default_factory=list)
     survival: list[Mapping[str, Sequence[float]]] = field(default_factory=list)
-    recency: list[int] = field(default_factory=list)
     gains: list[Mapping[str, Sequence[float]]] = field(default_factory=list)
     estimates: list[Mapping[str, tuple[Sequence[float], Sequence[float]]]] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.handle)
 
 
 def cumulative_gains(survival: Sequence[float], alpha: float) -> list[float]:
@@ -57,7 +66,7 @@ def cumulative_gains(survival: Sequence[float], alpha: float) -> list[float]:
 
 
 @dataclass(slots=True)
-class Prompters:
+class Prompters(Lanes):
     """Requests with uncached prompt left, least recently selected first.
 
     start        first prompt position not yet consumed (queued work included)
@@ -69,17 +78,12 @@ class Prompters:
                  of ``utility.prompt_chunk_value``; None: a chunk earns its tokens (the spec's U13 text)
     """
 
-    handle: list[RequestHandle] = field(default_factory=list)
     start: list[int] = field(default_factory=list)
     remaining: list[int] = field(default_factory=list)
     to_endpoint: list[int] = field(default_factory=list)
     price: list[float] = field(default_factory=list)
     first_token: list[float] = field(default_factory=list)
-    recency: list[int] = field(default_factory=list)
     times: PrefillTimes | None = None
-
-    def __len__(self) -> int:
-        return len(self.handle)
 
 
 @dataclass(slots=True)

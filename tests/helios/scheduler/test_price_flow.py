@@ -3,7 +3,8 @@
 - ``prompt_chunk_share`` (default on): a prompt chunk that leaves prompt behind earns its share of the
   remaining prompt's value by prefill time, so a prompt is not split into a chunk that just fits and
   a tail of a few tokens that then waits behind decode rounds;
-- ``token_rate_by_value`` (default off): x counts a consumed prompt token as 1/beta output token.
+- ``token_rate_by_value`` (default off): x counts a consumed prompt token as 1/beta output token, where
+  the catalog has a mixed program with a prompt row, and a newcomer starts at a batch-feasible share.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import math
 
 import pytest
-from sched_harness import Driver, ask, decode, measured, prefill
+from sched_harness import Driver, ask, decode, measured, mixed, prefill
 
 from helios.scheduler import GraphKind, PolicyConfig
 from helios.scheduler.utility import PrefillTimes, prompt_chunk_value
@@ -21,6 +22,8 @@ P64, P128, P256, P1024 = prefill(64), prefill(128), prefill(256), prefill(1024)
 D4 = decode(4)
 # the example catalog's figures: a prompt bucket costs more per token the smaller it is
 CATALOG = {P64: 2.96, P128: 3.92, P256: 5.84, P1024: 17.36, D4: 2.82}
+M4 = mixed(4, 256)
+WITH_MIXED = {**CATALOG, M4: 6.66}  # a mixed program with a prompt row: token_rate_by_value applies
 
 
 def test_prefill_times_take_the_fastest_program_holding_the_tokens_and_full_chunks_beyond():
@@ -85,22 +88,54 @@ def test_a_prompt_beside_decoders_is_not_split_into_a_waiting_tail(share):
         assert len(between) >= 3  # the tail waited behind decode rounds (here: past the end of the run)
 
 
+def _one_prefill(catalog, by_value: int):
+    """x after one P256 frame that serves a 256-token prompt and its first output token."""
+    policy = dataclasses.replace(PolicyConfig(), token_rate_by_value=by_value)
+    s = measured(catalog, policy=policy)
+    d = Driver(s, catalog)
+    h = d.admit(ask(256, 4))
+    d.run(1)
+    executed = d.executed[0]
+    assert executed.plan.graph is P256
+    interval = executed.end_ms - executed.start_ms
+    decay = math.exp(-interval / policy.adaptation_ms)
+    return s._state(h).service.token_rate, decay, interval, s
+
+
 def test_token_rate_by_value_counts_a_prompt_token_as_one_over_beta():
     for by_value, weight in ((0, 1.0), (1, 1.0 / 64.0)):
-        policy = dataclasses.replace(PolicyConfig(), token_rate_by_value=by_value)
-        assert policy.prompt_service_weight == weight
-        s = measured(CATALOG, policy=policy)
-        d = Driver(s, CATALOG)
-        h = d.admit(ask(256, 4))
-        d.run(1)  # one P256 frame serves 256 prompt tokens and the first output token
-        executed = d.executed[0]
-        assert executed.plan.graph is P256
-        interval = executed.end_ms - executed.start_ms
-        decay = math.exp(-interval / policy.adaptation_ms)
-        state = s._state(h)
-        start = s._normalizer()  # the only participant: the whole normalizer
+        assert dataclasses.replace(PolicyConfig(), token_rate_by_value=by_value).prompt_service_weight == weight
+        x, decay, interval, s = _one_prefill(WITH_MIXED, by_value)
+        # the only participant. One for one: the whole normalizer (the best generation rate, D4's
+        # 4 rows / 2.82 ms); by value: what a program gives one request, D4's one row / 2.82 ms
+        start = s._normalizer() if not by_value else 1.0 / 2.82
+        assert s._normalizer() == pytest.approx(4.0 / 2.82, rel=1e-12)
         served = 256 * weight + 1
-        assert state.service.token_rate == pytest.approx(decay * start + (1 - decay) * served / interval, rel=1e-12)
+        assert x == pytest.approx(decay * start + (1 - decay) * served / interval, rel=1e-12)
+
+
+def test_token_rate_by_value_takes_effect_only_with_a_mixed_program():
+    """Without a mixed program nothing carries a prompt beside decoders, and a prompt priced against a
+    by-value x runs its chunks back to back (docs/scheduling-utility.md, "What x measures"): there the
+    choice leaves x one for one, starting point included."""
+    plain, _, _, _ = _one_prefill(CATALOG, 0)
+    chosen, _, _, _ = _one_prefill(CATALOG, 1)
+    assert chosen == plain
+    with_mixed, _, _, _ = _one_prefill(WITH_MIXED, 1)
+    assert with_mixed < plain / 10  # 256 prompt tokens add 4 output-token equivalents, not 256
+
+
+def test_by_value_start_is_a_batch_feasible_share():
+    """By value, a newcomer starts at the best min(rows, n) / T over generation programs, shared by n."""
+    policy = dataclasses.replace(PolicyConfig(), token_rate_by_value=1)
+    catalog = {**WITH_MIXED, decode(1): 2.58, decode(2): 2.66}
+    s = measured(catalog, policy=policy)
+    assert s._fair_rate(1) == pytest.approx(1 / 2.58 / 1, rel=1e-12)
+    assert s._fair_rate(2) == pytest.approx(2 / 2.66 / 2, rel=1e-12)
+    assert s._fair_rate(3) == pytest.approx(3 / 2.82 / 3, rel=1e-12)  # D4, the one holding 3, serves 3
+    assert s._fair_rate(8) == pytest.approx(4 / 2.82 / 8, rel=1e-12)
+    one_for_one = measured(catalog)
+    assert one_for_one._fair_rate(2) == pytest.approx(4 / 2.82 / 2, rel=1e-12)
 
 
 def test_the_choices_are_zero_or_one():

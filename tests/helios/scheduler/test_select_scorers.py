@@ -128,7 +128,7 @@ def test_U6_every_group_scorer_gives_value_rate_floats(seed, decoders, prompters
 
 @pytest.mark.parametrize("seed, decoders, prompters, families", CASES)
 def test_U6_per_graph_candidates_give_the_group_scorers_floats(seed, decoders, prompters, families):
-    """``evaluate``'s per-graph candidates score each program as its group does (one U6 home)."""
+    """``evaluate_scores``'s per-graph candidates score each program as its group does (one U6 home)."""
     rng = random.Random(seed)
     pop, timed = population(rng, decoders=decoders, prompters=prompters, families=families), timings(rng)
     sel, out = scored(pop, timed)
