@@ -74,7 +74,9 @@ def streamed(client: httpx.Client, path: str, body: dict) -> tuple[float, int, i
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("choices") and first is None:
+            # the first chunk carrying text: a chat stream opens with a role chunk, sent before any token
+            if first is None and any((c.get("delta") or {}).get("content") or c.get("text")
+                                     for c in chunk.get("choices") or ()):
                 first = time.perf_counter() - began
             usage = chunk.get("usage") or usage
     details = usage.get("prompt_tokens_details") or {}
