@@ -419,7 +419,7 @@ _SOURCE_KEYS = {"checkpoint": None, "dimensions": _DIMENSION_KEYS}
 RECIPE_KEYS: Mapping[str, Any] = {
     "name": None, "architecture": None, "dtype": None, "aliases": None, "description": None, "tokenizer": None,
     "kv_page_size": None, "source": None, "target": _SOURCE_KEYS, "draft": _SOURCE_KEYS,
-    "compile": frozenset({"mode", "kinds", "max_width"}), "checkpoints": frozenset({"rows"}),
+    "compile": frozenset({"mode", "kinds", "max_width", "max_prompt"}), "checkpoints": frozenset({"rows"}),
     "capacity": frozenset({"concurrency", "prompt_buckets", "drafts", "proposal_sources", "mixed_capture",
                            "request_buckets", "completion_token_capacity", "speculative_token_capacity"}),
 }

@@ -41,6 +41,7 @@ _PYTHON_KERNELS = {
     "paged_attention": attention.paged_attention,
     "write_slot_state": slot_state.write_slot_state,
     "write_token_history": slot_state.write_token_history,
+    "linear": kv_cache.linear,
 }
 # ops with no native kernel yet: the Python one serves under either choice
 _PYTHON_ONLY: dict = {}

@@ -21,6 +21,9 @@ SCHEMAS = {
                         "Tensor query_lens, Tensor new_pending, Tensor new_seq_lens) -> ()",
     "write_token_history": "write_token_history(Tensor(a0!) token_counts, Tensor(a1!) prompt_seen, Tensor row_slots, "
                            "Tensor query_lens, Tensor new_counts, Tensor new_seen) -> ()",
+    # x [..., in] @ weight[out, in]^T (+ bias): the model's matrix products, so small-M decode steps can use a
+    # kernel that streams each weight once (native) while prefill keeps ATen's GEMM.
+    "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
 }
 
 _LIBRARY = torch.library.Library("flare", "DEF")  # kept alive for the process: dropping it removes the ops
@@ -46,3 +49,8 @@ def _(pending, seq_lens, row_slots, query_lens, new_pending, new_seq_lens) -> No
 @torch.library.register_fake("flare::write_token_history", lib=_LIBRARY)
 def _(token_counts, prompt_seen, row_slots, query_lens, new_counts, new_seen) -> None:
     return None
+
+
+@torch.library.register_fake("flare::linear", lib=_LIBRARY)
+def _(x, weight, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

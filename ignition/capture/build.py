@@ -64,18 +64,20 @@ def flare_version() -> str:
 def write_catalog(
     source: CaptureSource, out: Path, observer: CaptureObserver | None = None, compile: str = "none", *, jobs: int = 1,
     compile_kinds: tuple[str, ...] = (), compile_max_width: int | None = None,
+    compile_max_prompt: int | None = None,
 ) -> CaptureSummary:
     """Capture ``source`` into the catalog folder ``out``, atomically.
 
     ``jobs`` > 1 exports programs in that many worker processes when the source
     can be rebuilt in one (``CaptureSource.rebuild``); the catalog is the same.
     ``compile="aoti"`` also compiles the programs of ``compile_kinds`` (empty: all)
-    whose width is at most ``compile_max_width`` (None: any).
+    whose width is at most ``compile_max_width`` and whose prompt capacity is at most
+    ``compile_max_prompt`` (None: any).
     """
     observer = observer or CaptureObserver()
     if compile not in COMPILE_MODES:
         raise CaptureError(f"--compile {compile!r} is unknown; use one of {', '.join(COMPILE_MODES)}")
-    compiled = _compiled_ids(source.graphs, compile, compile_kinds, compile_max_width)
+    compiled = _compiled_ids(source.graphs, compile, compile_kinds, compile_max_width, compile_max_prompt)
     started = time.perf_counter()
     with staged_folder(out) as root:
         observer.step("write weights")
@@ -133,12 +135,14 @@ def _export_programs(
 
 
 def _compiled_ids(graphs: tuple[GraphDescriptor, ...], compile: str, kinds: tuple[str, ...],
-                  max_width: int | None) -> frozenset[str]:
-    """The programs ``compile`` packages: of the listed kinds (empty: all), at most ``max_width`` wide."""
+                  max_width: int | None, max_prompt: int | None = None) -> frozenset[str]:
+    """The programs ``compile`` packages: of the listed kinds (empty: all), at most ``max_width`` wide and
+    holding at most ``max_prompt`` prompt tokens."""
     if compile != "aoti":
         return frozenset()
     return frozenset(d.id for d in graphs if d.kind not in EXPORT_ONLY_KINDS and (not kinds or d.kind.value in kinds)
-                     and (max_width is None or d.width <= max_width))
+                     and (max_width is None or d.width <= max_width)
+                     and (max_prompt is None or d.prefill_capacity <= max_prompt))
 
 
 def _compiled_first(graphs: tuple[GraphDescriptor, ...], compiled: frozenset[str]) -> list[GraphDescriptor]:

@@ -66,6 +66,7 @@ class CompileChoice:
     kinds: tuple[str, ...]  # empty: every kind
     note: str | None = None  # why a recipe's aoti became none (no compiler)
     max_width: int | None = None  # the recipe's compile.max_width: compiled programs verify at most this width
+    max_prompt: int | None = None  # the recipe's compile.max_prompt: compiled programs hold at most this prompt
 
 
 def compile_choice(request: CaptureRequest, recipe: Recipe) -> CompileChoice:
@@ -80,7 +81,7 @@ def compile_choice(request: CaptureRequest, recipe: Recipe) -> CompileChoice:
                                          "compiler (c++ or g++): exporting only")
     if mode != "aoti":
         return CompileChoice(mode, ())
-    return CompileChoice(mode, tuple(kinds), max_width=recipe.compile.max_width)
+    return CompileChoice(mode, tuple(kinds), max_width=recipe.compile.max_width, max_prompt=recipe.compile.max_prompt)
 
 
 def have_compiler() -> bool:
@@ -97,7 +98,7 @@ def capture(request: CaptureRequest, observer: CaptureObserver | None = None) ->
     observer.step(f"load checkpoint {_reference(recipe.checkpoint_folder(request.model))}")
     source = model_source(recipe, plan, request.model)
     return write_catalog(source, request.out, observer, choice.mode, jobs=request.jobs, compile_kinds=choice.kinds,
-                         compile_max_width=choice.max_width)
+                         compile_max_width=choice.max_width, compile_max_prompt=choice.max_prompt)
 
 
 def preflight(request: CaptureRequest) -> tuple[Recipe, CapacityPlan]:

@@ -132,6 +132,14 @@ class PagedBatch:
     start_pos: Tensor  # int32 [B] position of each row's first packed token
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T (+ bias)`` through ``flare::linear``: its native kernel streams each weight once for the
+    few rows of a decode step (ATen's GEMM serves prefill). Training keeps ``F.linear``, which has a gradient."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return F.linear(x, weight, bias)
+    return torch.ops.flare.linear(x, weight, bias)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -185,16 +193,16 @@ class Qwen3(nn.Module):
         meta = (batch.page_table, batch.row_slots, batch.query_lens, batch.start_pos)
         torch.ops.flare.write_kv(k_cache, v_cache, layer, k, v, *meta)
         out = torch.ops.flare.paged_attention(q, k_cache, v_cache, layer, *meta, 1 / math.sqrt(c.head_dim))
-        return F.linear(out.reshape(tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"])
+        return linear(out.reshape(tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"])
 
     def _project(self, w: Weights, p: str, name: str, x: Tensor) -> Tensor:
-        return F.linear(x, w[p + f"self_attn.{name}_proj.weight"], w.get(p + f"self_attn.{name}_proj.bias"))
+        return linear(x, w[p + f"self_attn.{name}_proj.weight"], w.get(p + f"self_attn.{name}_proj.bias"))
 
     def feed_forward(self, w: Weights, p: str, x: Tensor) -> Tensor:
-        gate = F.silu(F.linear(x, w[p + "mlp.gate_proj.weight"]))
-        return F.linear(gate * F.linear(x, w[p + "mlp.up_proj.weight"]), w[p + "mlp.down_proj.weight"])
+        gate = F.silu(linear(x, w[p + "mlp.gate_proj.weight"]))
+        return linear(gate * linear(x, w[p + "mlp.up_proj.weight"]), w[p + "mlp.down_proj.weight"])
 
     def logits(self, w: Weights, hidden: Tensor) -> Tensor:
         """Vocabulary logits ``[..., vocab]`` (float32) of selected hidden states."""
         head = w["model.embed_tokens.weight"] if self.config.tie_word_embeddings else w["lm_head.weight"]
-        return F.linear(hidden, head).float()
+        return linear(hidden, head).float()

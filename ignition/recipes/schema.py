@@ -102,12 +102,15 @@ class CompileDefaults:
     ``max_width`` (None: any) limits that to programs verifying at most that many
     target positions per row: ``1`` compiles the width-one speculative programs
     adaptive speculation runs whenever no wider round pays, without the wider
-    ones (each compile is a capture-time cost).
+    ones (each compile is a capture-time cost). ``max_prompt`` (None: any) likewise keeps
+    the prompt programs of larger buckets exported: there the matrix products dwarf the
+    per-op dispatch that compiling removes.
     """
 
     mode: str = field(default="none", metadata=rules.one_of(COMPILE_MODES))
     kinds: tuple[str, ...] = field(default=(), metadata=rules.subset_of(COMPILABLE_KINDS))
     max_width: int | None = field(default=None, metadata=rules.at_least(1))
+    max_prompt: int | None = field(default=None, metadata=rules.at_least(1))
 
 
 @dataclass(frozen=True, slots=True)

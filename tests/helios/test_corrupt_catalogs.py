@@ -281,10 +281,12 @@ def test_the_recipe_keys_helios_accepts_are_the_recipe_schema(catalog):
     """helios lists the recipe section's keys (it never imports ignition); they must stay ignition's fields."""
     import dataclasses
 
-    from ignition.recipes.schema import CapacityDefaults, ModelDims, ModelSource, Recipe
+    from ignition.recipes.schema import CapacityDefaults, CheckpointDefaults, CompileDefaults, ModelDims, ModelSource, Recipe
 
     assert set(RECIPE_KEYS) == {f.name for f in dataclasses.fields(Recipe)}
     assert set(RECIPE_KEYS["capacity"]) == {f.name for f in dataclasses.fields(CapacityDefaults)}
+    assert set(RECIPE_KEYS["compile"]) == {f.name for f in dataclasses.fields(CompileDefaults)}
+    assert set(RECIPE_KEYS["checkpoints"]) == {f.name for f in dataclasses.fields(CheckpointDefaults)}
     for source in ("target", "draft"):
         assert set(RECIPE_KEYS[source]) == {f.name for f in dataclasses.fields(ModelSource)}
         assert set(RECIPE_KEYS[source]["dimensions"]) == {f.name for f in dataclasses.fields(ModelDims)}

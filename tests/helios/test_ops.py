@@ -286,3 +286,44 @@ def test_native_kernels_that_cannot_be_built_are_one_clear_error(tmp_path, monke
     blocker.write_text("")
     with pytest.raises(kernels.NativeKernelsUnavailable, match="cannot build into"):
         kernels.native_library(cache=blocker / "cache")
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 17, 40])
+@pytest.mark.parametrize("inner, outer", [(64, 9), (100, 13), (384, 4)])
+def test_linear_matches_a_float64_product(rows, inner, outer):
+    """flare::linear is x @ weight.T + bias for any row count (its native kernel serves up to 16 rows,
+    ATen more), any inner length (a tail past the 16-wide lanes) and any number of outputs (a tail past
+    its panels of four), within one K-long reduction's bound of the exact product."""
+    gen = torch.Generator().manual_seed(rows * 1000 + inner + outer)
+    x = torch.randn(rows, inner, generator=gen)
+    weight, bias = torch.randn(outer, inner, generator=gen), torch.randn(outer, generator=gen)
+    want = (x.double() @ weight.double().T + bias.double()).float()
+    tolerance = chain_tolerance(torch.float32, [inner + 1])
+    assert_close_paths(torch.ops.flare.linear(x, weight, bias), want, tolerance, "linear with bias")
+    assert_close_paths(torch.ops.flare.linear(x, weight), (x.double() @ weight.double().T).float(), tolerance,
+                       "linear")
+    batched = torch.ops.flare.linear(x.view(1, rows, inner), weight, bias)  # leading dimensions are kept
+    assert batched.shape == (1, rows, outer)
+    assert_close_paths(batched[0], want, tolerance, "linear [1, rows, inner]")
+
+
+@pytest.mark.skipif(kernels.active() != "native", reason="ATen's product (the Python kernel) blocks by batch size")
+def test_linear_rows_do_not_depend_on_the_batch():
+    """A row's product is the same whatever other rows share the call, up to the native kernel's 16 rows:
+    a decode step's output for one stream does not change with how many streams run beside it."""
+    gen = torch.Generator().manual_seed(7)
+    x, weight = torch.randn(16, 200, generator=gen), torch.randn(11, 200, generator=gen)
+    alone = torch.cat([torch.ops.flare.linear(x[i:i + 1], weight) for i in range(16)])
+    for rows in (2, 3, 4, 5, 8, 16):
+        assert torch.equal(torch.ops.flare.linear(x[:rows], weight), alone[:rows]), rows
+
+
+def test_linear_passes_opcheck_and_refuses_a_wrong_shape():
+    gen = torch.Generator().manual_seed(1)
+    x, weight, bias = torch.randn(3, 32, generator=gen), torch.randn(8, 32, generator=gen), torch.randn(8, generator=gen)
+    torch.library.opcheck(torch.ops.flare.linear.default, (x, weight, bias))
+    torch.library.opcheck(torch.ops.flare.linear.default, (x, weight))
+    for kernel in (torch.ops.flare.linear, kv_cache.linear):
+        with pytest.raises(ValueError, match="does not fit weight"):
+            kernel(torch.randn(3, 31), weight)

@@ -444,6 +444,20 @@ def test_compile_max_width_leaves_wider_programs_exported():
     assert _compiled_ids(graphs, "none", (), 1) == frozenset()
 
 
+def test_compile_max_prompt_leaves_larger_prompt_programs_exported():
+    """compile.max_prompt 256 packages the prompt programs through 256 tokens; programs with no prompt
+    (decode) are compiled whatever the limit."""
+    from flare_contract.graphs import GraphDescriptor, GraphKind
+    from ignition.capture.build import _compiled_ids
+
+    graphs = tuple(GraphDescriptor(f"prefill_p{p}", GraphKind.PREFILL, 1, prefill_capacity=p) for p in (64, 256, 1024))
+    graphs += (GraphDescriptor("decode_b1", GraphKind.DECODE, 1),)
+    assert _compiled_ids(graphs, "aoti", ("prefill", "decode"), None, 256) == {"prefill_p64", "prefill_p256",
+                                                                               "decode_b1"}
+    assert _compiled_ids(graphs, "aoti", ("prefill",), None, 63) == frozenset()
+    assert _compiled_ids(graphs, "aoti", (), None, None) == {g.id for g in graphs}
+
+
 def test_a_recipe_asking_for_aoti_without_a_compiler_exports_only(monkeypatch):
     from ignition.capture import pipeline
     from ignition.recipes import load_recipe

@@ -71,6 +71,7 @@ def test_flare_tiny_declares_the_issue_defaults():
     assert (cap.concurrency, cap.prompt_buckets, cap.drafts) == (16, (64, 256, 1024, 4096), 3)  # issue 22: 16 streams
     assert (recipe.compile.mode, recipe.compile.kinds) == ("aoti", ("prefill", "decode", "speculative"))
     assert recipe.compile.max_width == 1  # adaptive's width-one rounds compiled, the wider ones exported
+    assert recipe.compile.max_prompt == 256  # prefill compiled through the 256 bucket, 1,024 and 4,096 exported
     assert recipe.checkpoints.rows == 8  # issue 21: 160 MiB of checkpoint store (docs/checkpoints.md)
     assert set(cap.proposal_sources) == {"learned", "copy"}
     assert recipe.dtype == "float32" and recipe.dims.context_length >= 4096
@@ -121,6 +122,7 @@ def test_missing_recipe_file_says_so(tmp_path):
         (lambda d: d.update(compile={"mode": "jit"}), "compile.mode", "none, aoti"),
         (lambda d: d.update(compile={"mode": "aoti", "kinds": ["vision"]}), "compile.kinds", "prefill, scored_prefill"),
         (lambda d: d.update(compile={"mode": "aoti", "max_width": 0}), "compile.max_width", "below 1"),
+        (lambda d: d.update(compile={"mode": "aoti", "max_prompt": 0}), "compile.max_prompt", "below 1"),
         (lambda d: d["capacity"].update(proposal_sources=["oracle"]), "capacity.proposal_sources", "learned, copy"),
         (lambda d: d["capacity"].update(drafts=8), "capacity.drafts", "completion_token_capacity"),
         (lambda d: d.pop("draft"), "draft", "'learned'"),

@@ -8,7 +8,10 @@
 // op whichever kernel serves it, and nothing here re-enters Python.
 
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -16,9 +19,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -271,6 +279,105 @@ void write_token_history(at::Tensor token_counts, at::Tensor prompt_seen, const 
   }
 }
 
+// ---- flare::linear: x [M, K] times weight [N, K] transposed, for the few rows of a decode step ----
+//
+// ATen's single-thread float32 product at M = 4..16 rows ran at about half of the weights' read bandwidth
+// (docs/benchmarks.md, "The 0.6B model"): its packing copies the weight panel that a decode step reads only
+// once. Here each block of NB weight rows is streamed from memory once and multiplied against every input
+// row while it sits in L1, with MB x NB accumulators in registers. Above kSmallRows rows (prefill) ATen's
+// blocked GEMM is faster and serves the call. Each output is one K-long sum in a fixed order (16 lanes,
+// then the lanes added), so a row's result does not depend on the other rows in the batch.
+constexpr int64_t kSmallRows = 16;
+
+#if defined(__AVX512F__)
+template <int MB, int NB>
+inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t K, float* out, int64_t ldo,
+                         const float* bias) {
+  __m512 acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[NB];
+    for (int n = 0; n < NB; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * ldx + k);
+      for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (K - k)) - 1);
+    __m512 wv[NB];
+    for (int n = 0; n < NB; ++n) wv[n] = _mm512_maskz_loadu_ps(tail, w + n * K + k);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * ldx + k);
+      for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n) out[m * ldo + n] = _mm512_reduce_add_ps(acc[m][n]) + (bias ? bias[n] : 0.0f);
+}
+#else
+template <int MB, int NB>
+inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t K, float* out, int64_t ldo,
+                         const float* bias) {
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < NB; ++n) {
+      float lanes[16] = {0};
+      int64_t k = 0;
+      for (; k + 16 <= K; k += 16)
+        for (int l = 0; l < 16; ++l) lanes[l] += x[m * ldx + k + l] * w[n * K + k + l];
+      for (int l = 0; k < K; ++k, ++l) lanes[l] += x[m * ldx + k] * w[n * K + k];
+      float sum = 0;
+      for (int l = 0; l < 16; ++l) sum += lanes[l];
+      out[m * ldo + n] = sum + (bias ? bias[n] : 0.0f);
+    }
+}
+#endif
+
+// Rows m0..M-1 against weight rows n0..n0+NB-1, MB input rows at a time (fewer for the last ones).
+template <int NB>
+inline void linear_panel(const float* x, int64_t M, int64_t K, const float* w, int64_t n0, float* out, int64_t N,
+                         const float* bias) {
+  const float* wn = w + n0 * K;
+  const float* bn = bias ? bias + n0 : nullptr;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) linear_block<4, NB>(x + m * K, K, wn, K, out + m * N + n0, N, bn);
+  switch (M - m) {
+    case 3: linear_block<3, NB>(x + m * K, K, wn, K, out + m * N + n0, N, bn); break;
+    case 2: linear_block<2, NB>(x + m * K, K, wn, K, out + m * N + n0, N, bn); break;
+    case 1: linear_block<1, NB>(x + m * K, K, wn, K, out + m * N + n0, N, bn); break;
+    default: break;
+  }
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
+                    "flare::linear: x [..., ", x.size(-1), "] does not fit weight ", weight.sizes());
+  const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;
+  const bool native = x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
+                      (!bias || bias->scalar_type() == at::kFloat) && M <= kSmallRows;
+  if (!native) return at::linear(x, weight, bias);
+  at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor bc = bias ? bias->contiguous() : at::Tensor();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  at::Tensor out = at::empty(shape, x.options());
+  if (M == 0 || N == 0) return out;
+  const float* xp = xc.data_ptr<float>();
+  const float* wp = wc.data_ptr<float>();
+  const float* bp = bias ? bc.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  constexpr int64_t NB = 4;
+  const int64_t panels = N / NB;
+  // Panels of NB weight rows are independent: with several intra-op threads each takes a share.
+  at::parallel_for(0, panels, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) linear_panel<NB>(xp, M, K, wp, p * NB, op, N, bp);
+  });
+  for (int64_t n0 = panels * NB; n0 < N; ++n0) linear_panel<1>(xp, M, K, wp, n0, op, N, bp);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flare, CPU, m) {
@@ -278,4 +385,5 @@ TORCH_LIBRARY_IMPL(flare, CPU, m) {
   m.impl("paged_attention", &paged_attention);
   m.impl("write_slot_state", &write_slot_state);
   m.impl("write_token_history", &write_token_history);
+  m.impl("linear", &linear);
 }
