@@ -158,6 +158,17 @@ def test_a_terminal_snapshot_that_fails_to_bind_gives_its_finished_requests_slot
     engine.pages.assert_no_leaks()
 
 
+def _snapshots_through(catalog, eager, call):
+    """program_for: state programs from the catalog, the rest eager; each snapshot call goes through
+    ``call(gid, program, named)``, which runs the program when the test lets it."""
+    def program_for(gid):
+        program = catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
+        if not gid.startswith("snapshot_"):
+            return program
+        return lambda **named: call(gid, program, named)
+    return program_for
+
+
 def test_a_frame_completing_as_the_engine_stops_is_not_lost_and_a_restarted_engine_serves(catalog, eager):
     """Stopping with a frame in flight (with reuse on, a finished request's terminal snapshot always is):
     a completion the control thread took together with the stop was dropped, its fence stayed queued in
@@ -167,22 +178,15 @@ def test_a_frame_completing_as_the_engine_stops_is_not_lost_and_a_restarted_engi
     The snapshot is held on the device until the control thread is parked behind the engine's lock,
     so its completion and the stop are queued together, deterministically."""
     parked, snapshot_calls = threading.Event(), []
-    state_program = lambda gid: catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
 
-    def program_for(gid):
-        program = state_program(gid)
-        if not gid.startswith("snapshot_"):
-            return program
-
-        def held(**named):
-            snapshot_calls.append(gid)
-            if len(snapshot_calls) == 1:
-                assert parked.wait(20), "the test never released the first snapshot"
-            return program(**named)
-        return held
+    def held(gid, program, named):
+        snapshot_calls.append(gid)
+        if len(snapshot_calls) == 1:
+            assert parked.wait(20), "the test never released the first snapshot"
+        return program(**named)
 
     engine = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, prefix_reuse=True),
-                          program_for=program_for)
+                          program_for=_snapshots_through(catalog, eager, held))
     first = tuple(engine.tokenizer.encode(FIRST, add_special_tokens=True))
     follow = tuple(engine.tokenizer.encode(FOLLOW, add_special_tokens=False))
 
@@ -225,20 +229,12 @@ def test_a_follow_up_sent_as_the_first_turn_ends_waits_for_its_terminal_snapshot
     """P6: snapshot completion and cache publication precede admission of an immediate continuation.
     The follow-up is sent the moment turn 1's last delta arrives, while turn 1's terminal snapshot is
     still on the device (held there 0.3 s): admitted at once it found no checkpoint and prefilled all."""
-    state_program = lambda gid: catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
-
-    def program_for(gid):
-        program = state_program(gid)
-        if not gid.startswith("snapshot_"):
-            return program
-
-        def slow(**named):
-            time.sleep(0.3)
-            return program(**named)
-        return slow
+    def slow(gid, program, named):
+        time.sleep(0.3)
+        return program(**named)
 
     engine = HeliosEngine(catalog, EngineConfig(speculation="off", threads=1, prefix_reuse=True),
-                          program_for=program_for)
+                          program_for=_snapshots_through(catalog, eager, slow))
     first = tuple(engine.tokenizer.encode(FIRST, add_special_tokens=True))
     follow = tuple(engine.tokenizer.encode(FOLLOW, add_special_tokens=False))
 
