@@ -31,11 +31,3 @@ def write_kv(
         k_cache[layer].index_put_((pages, offsets), k[packed])
         v_cache[layer].index_put_((pages, offsets), v[packed])
 
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``flare::linear``, Python reference kernel: ``x @ weight.T + bias`` by ATen (the native kernel computes
-    the same with its own small-batch loop; it lives here beside the other per-layer op of the decode step)."""
-    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"flare::linear: x [..., {x.shape[-1] if x.dim() else '?'}] does not fit weight "
-                         f"{list(weight.shape)}")
-    return torch.nn.functional.linear(x, weight, bias)

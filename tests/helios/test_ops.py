@@ -17,7 +17,7 @@ from helios.ops.layout import NO_PAGE
 from numerics import assert_close_paths, chain_tolerance
 
 import helios.ops  # noqa: F401  (registers flare::)
-from helios.ops import attention, kernels, kv_cache, slot_state
+from helios.ops import attention, kernels, kv_cache, linear, slot_state
 
 LAYERS, PAGES, PAGE, KV_HEADS, HEADS, DIM = 2, 24, 4, 2, 4, 8
 SLOTS, MAX_PAGES = 4, 6
@@ -324,6 +324,6 @@ def test_linear_passes_opcheck_and_refuses_a_wrong_shape():
     x, weight, bias = torch.randn(3, 32, generator=gen), torch.randn(8, 32, generator=gen), torch.randn(8, generator=gen)
     torch.library.opcheck(torch.ops.flare.linear.default, (x, weight, bias))
     torch.library.opcheck(torch.ops.flare.linear.default, (x, weight))
-    for kernel in (torch.ops.flare.linear, kv_cache.linear):
+    for kernel in (torch.ops.flare.linear, linear.linear):
         with pytest.raises(ValueError, match="does not fit weight"):
             kernel(torch.randn(3, 31), weight)
