@@ -42,7 +42,7 @@ def server(request, tmp_path_factory):
     process = start_server([*FLARE, "run", str(catalog), "--threads", "1", "--dump-estimates", str(estimates)],
                            log_path, cwd=REPO)
     try:
-        base = wait_ready(process, log_path, name="flare run", timeout_s=120.0)
+        base = wait_ready(process, log_path, name="flare run", timeout_s=300.0)  # a safety net: a loaded 2-core machine starts slowly
         yield base, process, log_path
     finally:
         if process.poll() is None:
