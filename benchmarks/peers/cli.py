@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -48,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=None, help="Poisson arrival rate of the open-loop cell, requests/s "
                    "(default 2 for flare-tiny, 0.25 for qwen3-0.6b-random)")
     p.add_argument("--gguf-type", choices=("f32", "f16"), default="f32", help="llama.cpp weights (no quantisation)")
+    p.add_argument("--flare-catalog", type=Path, default=None,
+                   help="serve Flare from this already captured catalog (loaded with --trust-catalog) instead of "
+                        "the bundled default or the harness's own capture of --model; it must be a catalog of the "
+                        "same model, since the greedy texts are compared")
     p.add_argument("--check-prompts", type=int, default=2, help="prompts whose greedy text is compared across systems")
     p.add_argument("--out", type=Path, default=None, help="folder for the dataset, bench JSON and the table "
                    "(default CACHE/runs/DATE)")
@@ -82,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
 def _session(args: argparse.Namespace) -> Session:
     layout = Layout(args.cache)
     model = systems.target(args.model, layout, REPO)
+    if args.flare_catalog is not None:
+        if not (args.flare_catalog / "catalog.yaml").is_file():
+            raise HarnessError(f"--flare-catalog {args.flare_catalog}: no catalog.yaml there "
+                               "(give the folder `ignition capture --out` wrote)")
+        model = replace(model, catalog=args.flare_catalog.resolve())
     names = [n.strip() for n in (args.systems or ",".join(systems.default_systems(model))).split(",") if n.strip()]
     if unknown := [n for n in names if n not in systems.SYSTEM_NAMES]:
         raise HarnessError(f"--systems: unknown {', '.join(unknown)}; expected some of {', '.join(systems.SYSTEM_NAMES)}")

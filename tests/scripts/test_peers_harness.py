@@ -118,6 +118,24 @@ def test_asking_for_adaptive_on_a_model_without_a_draft_is_one_error_line(capsys
     assert code == 2 and err.startswith("error: --systems flare-adaptive:") and err.count("\n") == 1
 
 
+def test_flare_catalog_replaces_the_bundled_default_and_a_missing_one_is_one_error_line(capsys, tmp_path):
+    from benchmarks.peers import cli
+    code = cli.main(["--flare-catalog", str(tmp_path / "nowhere"), "--cache", str(tmp_path / "cache"),
+                     "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --flare-catalog") and "catalog.yaml" in err and err.count("\n") == 1
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "catalog.yaml").write_text("{}")
+    args = cli.parser().parse_args(["--flare-catalog", str(tmp_path / "cat"), "--cache", str(tmp_path / "cache"),
+                                    "--out", str(tmp_path / "out")])
+    session = cli._session(args)
+    assert session.model.catalog == (tmp_path / "cat").resolve()
+    spec = systems.flare_server("flare-off", Path("/flare"), session.settings, 8000, session.model)
+    assert spec.argv[1:4] == ("run", str((tmp_path / "cat").resolve()), "--trust-catalog")
+    # Nothing to capture for the bundled target served from a given catalog.
+    assert systems.model_steps(session.model, "/py", Path("/ignition"), Path("/repo")) == []
+
+
 def test_refuses_a_cache_inside_the_project_environment_or_work_tree(tmp_path):
     repo = tmp_path / "repo"
     venv = repo / ".venv"
