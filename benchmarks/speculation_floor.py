@@ -113,6 +113,7 @@ async def _run(args) -> None:
               + ", ".join(f"{k}/{r}={n}" for (k, r), (n, _) in sorted(executions.items())))
         print(f"{c.label}: calls by program (warm-up included): "
               + ", ".join(f"{p}={n}" for p, n in sorted(c.calls.counts.items())))
+        print(f"{c.label}: {_width_one_estimates(c.engine)}")
 
 
 def _frames(engine: HeliosEngine) -> dict:
@@ -135,6 +136,19 @@ def _delta(before: dict, after: dict, calls: Counter, engine: HeliosEngine) -> s
              else f"wider {g.proposal_source}"] += n
     return (", ".join(f"{k}={n}" for k, n in sorted(runs.items())) + "; explored "
             + (", ".join(f"{k}={n}" for k, n in sorted(explored.items())) or "none"))
+
+
+def _width_one_estimates(engine: HeliosEngine) -> str:
+    """The scheduler's duration estimates of plain decode and the draft-keeping width-one twin per batch
+    size at the end (what its choice between them rests on), with the number of calls each had."""
+    graphs, ms = engine.scheduler.graphs, engine.learned_durations()
+    out = []
+    for b in sorted({g.batch_capacity for g in graphs if g.kind.value in ("decode", "speculative")
+                     and not g.draws_proposals}):
+        pair = [g.id for g in graphs if g.batch_capacity == b and g.kind.value in ("decode", "speculative")
+                and not g.draws_proposals]
+        out.append(" / ".join(f"{p} {ms[p] / 1e6:.2f} ms" if p in ms else f"{p} unmeasured" for p in pair))
+    return "width-one estimates: " + "; ".join(out)
 
 
 def main() -> None:

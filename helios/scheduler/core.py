@@ -29,6 +29,10 @@ API additions beyond DESIGN.md (additive; nothing renamed or removed):
   the engine, the debug server and tests (the engine mirrors none of it).
 - ``acceptance_prior`` is S7's population prior (not the columnar population
   snapshot a plan selects on).
+- ``track_draft_state()`` (before the first admission) and ``draft_current(h)``:
+  with ordinary decode loaded beside learned rounds (the engine's "plain"
+  adaptive floor), a request an ordinary frame ran is never offered a learned
+  round again (docs/scheduling-utility.md, "Departures from the spec", item 4).
 
 Funded exploration (docs/exploration.md, last section): ordinary completions earn
 credit; with full credit and an empty queue, ``plan`` may replace its measured
