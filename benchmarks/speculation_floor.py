@@ -1,9 +1,10 @@
 """Adaptive speculation against none, on catalogs that differ in what they compiled (issue 22, item 6).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/speculation_floor.py off=CATALOG adaptive=CATALOG \\
-        [adaptive=OTHER_CATALOG ...] [--streams 1,4,16] [--tokens 64] [--repetitions 3] [--threads 1]
+        [adaptive:draft=CATALOG adaptive=OTHER_CATALOG ...] [--streams 1,4,16] [--tokens 64] [--repetitions 3] [--threads 1]
 
-Each ``MODE=CATALOG`` is one engine (``HeliosEngine``, no HTTP; catalogs are
+Each ``MODE[:FLOOR]=CATALOG`` is one engine (``FLOOR``: ``EngineConfig.adaptive_floor``, plain or
+draft; without it the engine's default) (``HeliosEngine``, no HTTP; catalogs are
 loaded trusted, as ``flare run`` loads its bundled one), all of them started
 at once in this process and warmed up (every program called once, then one
 untimed pass per stream count so durations are learned). Then, for each
@@ -12,7 +13,7 @@ load of a shared machine hits all of them alike) serves ``streams`` concurrent
 greedy requests of ``--tokens`` output tokens each, prompts of 128 tokens cut
 from standard-library source. Prints median output tokens per second per
 engine and stream count, each with its ratio to the first engine, and each
-engine's frames by program kind and scheduling reason.
+engine's frames by program kind and scheduling reason, and by program.
 """
 
 from __future__ import annotations
@@ -22,17 +23,36 @@ import asyncio
 import inspect
 import statistics
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 
 from helios.catalog.load import load
 from helios.runtime.engine import EngineConfig, HeliosEngine
 from helios.runtime.engine_api import GenerationRequest, SamplingParams
 
 
+class Calls:
+    """Counts the engine's program calls by program id (wraps the executor's ``program_for``)."""
+
+    def __init__(self, engine: HeliosEngine) -> None:
+        self.counts: Counter[str] = Counter()
+        executor, inner = engine.executor, engine.executor.program_for
+
+        def program_for(program_id: str):
+            program = inner(program_id)
+
+            def run(**named):
+                self.counts[program_id] += 1
+                return program(**named)
+            return run
+        executor.program_for = program_for
+
+
 @dataclass(frozen=True, slots=True)
 class Contender:
     label: str
     engine: HeliosEngine
+    calls: Calls
 
 
 def _prompts(engine: HeliosEngine, count: int, length: int = 128) -> list[tuple[int, ...]]:
@@ -54,10 +74,15 @@ async def _run(args) -> None:
     contenders = []
     for spec in args.engines:
         mode, _, path = spec.partition("=")
-        engine = HeliosEngine(load(path, trust=True), EngineConfig(threads=args.threads, speculation=mode))
+        mode, _, floor = mode.partition(":")
+        config = EngineConfig(threads=args.threads, speculation=mode)
+        if floor:
+            config = replace(config, adaptive_floor=floor)
+        engine = HeliosEngine(load(path, trust=True), config)
+        calls = Calls(engine)
         engine.warm_up()
         await engine.start()
-        contenders.append(Contender(f"{mode} {path}", engine))
+        contenders.append(Contender(f"{mode}{':' + floor if floor else ''} {path}", engine, calls))
     streams = [int(s) for s in args.streams.split(",")]
     prompts = _prompts(contenders[0].engine, max(streams))
     results: dict[tuple[str, int], list[float]] = {}
@@ -68,9 +93,11 @@ async def _run(args) -> None:
         for rep in range(args.repetitions):
             for n in streams:
                 for c in contenders:
+                    before, calls = _frames(c.engine), Counter(c.calls.counts)
                     produced, seconds = await _serve(c.engine, prompts[:n], args.tokens, f"r{rep}s{n}")
                     results.setdefault((c.label, n), []).append(produced / seconds)
-                    print(f"rep {rep + 1} streams {n:2d} {c.label}: {produced / seconds:.1f} tok/s", flush=True)
+                    print(f"rep {rep + 1} streams {n:2d} {c.label}: {produced / seconds:.1f} tok/s; "
+                          f"{_delta(before, _frames(c.engine), c.calls.counts - calls, c.engine)}", flush=True)
     finally:
         for c in contenders:
             await c.engine.stop()
@@ -84,6 +111,44 @@ async def _run(args) -> None:
         executions = c.engine.frame_counters().executions
         print(f"{c.label}: frames by (kind, reason): "
               + ", ".join(f"{k}/{r}={n}" for (k, r), (n, _) in sorted(executions.items())))
+        print(f"{c.label}: calls by program (warm-up included): "
+              + ", ".join(f"{p}={n}" for p, n in sorted(c.calls.counts.items())))
+        print(f"{c.label}: {_width_one_estimates(c.engine)}")
+
+
+def _frames(engine: HeliosEngine) -> dict:
+    return {key: n for key, (n, _) in engine.frame_counters().executions.items()}
+
+
+def _delta(before: dict, after: dict, calls: Counter, engine: HeliosEngine) -> str:
+    """One serve's frames: exploration (non-ordinary) ones by reason, and generation calls by what they ran."""
+    explored = Counter()
+    for (kind, reason), n in after.items():
+        if reason != "ordinary" and n > before.get((kind, reason), 0):
+            explored[reason] += n - before.get((kind, reason), 0)
+    graphs = {g.id: g for g in engine.scheduler.graphs}
+    runs = Counter()
+    for program, n in calls.items():
+        g = graphs.get(program)
+        if g is None or g.kind.value not in ("decode", "speculative", "mixed"):
+            continue
+        runs["plain" if g.proposal_source is None else "width-one" if not g.draws_proposals
+             else f"wider {g.proposal_source}"] += n
+    return (", ".join(f"{k}={n}" for k, n in sorted(runs.items())) + "; explored "
+            + (", ".join(f"{k}={n}" for k, n in sorted(explored.items())) or "none"))
+
+
+def _width_one_estimates(engine: HeliosEngine) -> str:
+    """The scheduler's duration estimates of plain decode and the draft-keeping width-one twin per batch
+    size at the end (what its choice between them rests on), with the number of calls each had."""
+    graphs, ms = engine.scheduler.graphs, engine.learned_durations()
+    out = []
+    for b in sorted({g.batch_capacity for g in graphs if g.kind.value in ("decode", "speculative")
+                     and not g.draws_proposals}):
+        pair = [g.id for g in graphs if g.batch_capacity == b and g.kind.value in ("decode", "speculative")
+                and not g.draws_proposals]
+        out.append(" / ".join(f"{p} {ms[p] / 1e6:.2f} ms" if p in ms else f"{p} unmeasured" for p in pair))
+    return "width-one estimates: " + "; ".join(out)
 
 
 def main() -> None:

@@ -50,6 +50,8 @@ def run(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads [default: every core]."),
     speculative_width: Optional[int] = typer.Option(
         None, "--speculative-width", help="Load only programs verifying at most W positions per row (a width the catalog has)."),
+    adaptive_floor: Optional[str] = typer.Option(
+        None, "--adaptive-floor", help="adaptive only: plain (ordinary decode beside the draft-keeping width-one programs; default) | draft (the draft-keeping ones only)."),
     dump_estimates: Optional[Path] = typer.Option(
         None, "--dump-estimates", help="On exit, write the learned durations as a synthetic catalog for flare simulate."),
     trust_catalog: bool = typer.Option(
@@ -79,7 +81,8 @@ def run(
                              max_waiting=max_waiting, queue_timeout=queue_timeout,
                              log_requests=not disable_log_requests, log_stats_interval=log_stats_interval,
                              choices=tuple(choices or ()), prefix_reuse=prefix_reuse,
-                             terminal_value=terminal_value, terminal_age_price=terminal_age_price)
+                             terminal_value=terminal_value, terminal_age_price=terminal_age_price,
+                             adaptive_floor=adaptive_floor)
         serve_catalog(options)
     except (LaunchError, CatalogError) as exc:
         stderr.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)

@@ -31,7 +31,7 @@ import torch
 
 from flare_contract.manifest import FORMAT_VERSION
 from helios.catalog.load import Catalog, CatalogError, load
-from helios.runtime.engine import EngineConfig, HeliosEngine, select_programs
+from helios.runtime.engine import ADAPTIVE_FLOORS, EngineConfig, HeliosEngine, select_programs
 from helios.sim.estimates import estimates_document, write_estimates
 from helios.scheduler.config import CHOICE_FIELDS, POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
 from helios.runtime.waiting import DEFAULT_MAX_WAITING
@@ -71,6 +71,7 @@ class RunOptions:
     prefix_reuse: bool | None = None
     terminal_value: float | None = None  # --scheduler-terminal-value (None: the policy's)
     terminal_age_price: float | None = None  # --scheduler-terminal-age-price
+    adaptive_floor: str | None = None  # --adaptive-floor plain|draft (None: the engine's default); adaptive only
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_PRESETS:
@@ -101,6 +102,13 @@ class RunOptions:
             raise LaunchError(f"--dump-estimates {self.dump_estimates}: folder {self.dump_estimates.parent} "
                               "does not exist")
 
+        if self.adaptive_floor is not None:
+            if self.adaptive_floor not in ADAPTIVE_FLOORS:
+                raise LaunchError(f"--adaptive-floor {self.adaptive_floor!r} is unknown; use one of "
+                                  f"{', '.join(ADAPTIVE_FLOORS)}")
+            if self.speculation != "adaptive":
+                raise LaunchError(f"--adaptive-floor applies to --speculation adaptive only, not "
+                                  f"{self.speculation}")
         parse_choices(self.choices)
 
     def policy_config(self) -> PolicyConfig:
@@ -111,9 +119,10 @@ class RunOptions:
     def engine_config(self, catalog: Catalog) -> EngineConfig:
         """Threads default to every core: the device worker's program calls are the hot path."""
         threads = self.threads or os.cpu_count() or 1
-        return EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]),
-                            speculative_width=self.speculative_width, max_waiting=self.max_waiting,
-                            queue_timeout_s=self.queue_timeout, prefix_reuse=self.prefix_reuse is not False)
+        config = EngineConfig(self.policy_config(), self.speculation, threads, str(catalog.manifest.device["kind"]),
+                              speculative_width=self.speculative_width, max_waiting=self.max_waiting,
+                              queue_timeout_s=self.queue_timeout, prefix_reuse=self.prefix_reuse is not False)
+        return config if self.adaptive_floor is None else replace(config, adaptive_floor=self.adaptive_floor)
 
     def check_selection(self, catalog: Catalog) -> None:
         """``--speculation``/``--speculative-width`` must name programs the catalog has (spec C6, Y3)."""

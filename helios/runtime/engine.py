@@ -91,6 +91,7 @@ log = logging.getLogger(__name__)
 EOS_SPELLINGS = ("<|im_end|>", "<|endoftext|>")
 LOOKUP_NGRAMS = (3, 2, 1)  # prompt lookup tries the longest suffix first
 CANCELLED = object()  # ends a cancelled request's delta iterator without a finish reason
+ADAPTIVE_FLOORS = ("plain", "draft")  # EngineConfig.adaptive_floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,11 @@ class EngineConfig:
     device: str = "cpu"
     frame_slots: int = 2  # 1 never queues a frame behind a running one (to measure what overlap buys)
     speculative_width: int | None = None  # adaptive: widest W to load; fixed: the one W (None: the widest)
+    # adaptive: what a row runs when it does not draft (``select_programs``). "plain": the ordinary decode and
+    # mixed programs stay beside their draft-keeping width-one twins and the scheduler picks by measured value
+    # per time; a row that ran a plain frame never drafts again (its draft cache fell behind). "draft": only
+    # the twins, so every row can draft at any frame and pays the draft's absorption step on every frame.
+    adaptive_floor: str = "plain"
     max_waiting: int = DEFAULT_MAX_WAITING  # requests without a slot beyond which submit refuses (503)
     queue_timeout_s: float | None = None  # longest wait for a slot before QueueTimeout (None: no limit)
     prefix_reuse: bool = True  # restore retained checkpoints and capture new ones, where the catalog has a store
@@ -121,22 +127,31 @@ class EngineConfig:
             raise ValueError(f"speculative_width must be >= 1, got {self.speculative_width}")
         if self.switch_interval_s is not None and not 0.0 < self.switch_interval_s <= 1.0:
             raise ValueError(f"switch_interval_s must be in (0, 1] seconds, got {self.switch_interval_s}")
+        if self.adaptive_floor not in ADAPTIVE_FLOORS:
+            raise ValueError(f"adaptive_floor must be one of {', '.join(ADAPTIVE_FLOORS)}, got {self.adaptive_floor!r}")
 
 
 def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
-                    width: int | None = None) -> tuple[GraphDescriptor, ...]:
+                    width: int | None = None, floor: str = "plain") -> tuple[GraphDescriptor, ...]:
     """Load-time selection (spec C6, Y3): drop programs, never invent capacities.
 
     ``off`` (or ``width`` 1: zero drafts, or a catalog without speculative
     programs) keeps the ordinary programs, which never touch the draft model.
-    Otherwise, in a catalog with draft state (learned proposals), the ordinary
-    decode and mixed variants give way to their draft-keeping twins (a frame
-    that skipped draft absorption would leave the draft cache behind).
-    ``adaptive`` keeps every width up to ``width``. ``fixed`` keeps one
-    verification width (``width``, default the widest of ``fixed_widths``),
-    host-allocated ragged programs included, and drops device-allocated
-    (prefix-limit) rounds, which need adaptive selection.
+    ``adaptive`` keeps every width up to ``width``. Its ``floor`` says what a
+    row runs when it does not draft, in a catalog with draft state (learned
+    proposals): "draft" drops the ordinary decode and mixed programs for their
+    draft-keeping twins (the spec's rule: a frame that skipped draft absorption
+    would leave the draft cache behind); "plain" keeps both (a departure,
+    docs/scheduling-utility.md "Departures"): the scheduler then chooses by
+    measured value per time, and a row that ran an ordinary frame is never
+    offered a learned round again (``Scheduler``'s draft tracking).
+    ``fixed`` keeps one verification width (``width``, default the widest of
+    ``fixed_widths``), host-allocated ragged programs included, drops
+    device-allocated (prefix-limit) rounds, which need adaptive selection, and
+    replaces ordinary generation by the twins as "draft" does.
     """
+    if floor not in ADAPTIVE_FLOORS:
+        raise ValueError(f"the adaptive floor must be one of {', '.join(ADAPTIVE_FLOORS)}, got {floor!r}")
     widths = sorted({g.width for g in graphs if g.draws_proposals})
     if width is not None and width > 1 and width not in widths:
         raise ValueError(f"no speculative program of width {width} in the catalog; "
@@ -144,9 +159,11 @@ def select_programs(graphs: Sequence[GraphDescriptor], speculation: str,
     if speculation == "off" or width == 1 or not widths:
         return tuple(g for g in graphs if g.proposal_source is None)
     keeps_draft_state = any(g.proposal_source == "learned" for g in graphs)
-    kept = tuple(g for g in graphs if not (keeps_draft_state and _ordinary_generation(g)))
     if speculation == "adaptive":
-        return tuple(g for g in kept if width is None or g.width <= width)
+        drop_plain = keeps_draft_state and floor == "draft"
+        return tuple(g for g in graphs if (width is None or g.width <= width)
+                     and not (drop_plain and _ordinary_generation(g)))
+    kept = tuple(g for g in graphs if not (keeps_draft_state and _ordinary_generation(g)))
     fixed = _fixed_width(graphs, width)
     return tuple(g for g in kept if _fixed_keeps(g, fixed))
 
@@ -328,6 +345,8 @@ class HeliosEngine:
         self.context_length = _context_length(catalog, graphs, self.pages.layout)
         self.scheduler = make_scheduler(graphs, request_slots=layout["request_slots"], policy=config.policy,
                                         speculation=config.speculation)
+        if config.speculation == "adaptive" and config.adaptive_floor == "plain":
+            self.scheduler.track_draft_state()  # ordinary decode stays beside learned rounds (select_programs)
         self._sources = tuple(sorted({g.proposal_source for g in graphs if g.draws_proposals}))
         state = catalog.allocate_state(config.device)
         self.executor = Executor(state, program_for or catalog.program, self._eos, config.device)
@@ -363,7 +382,8 @@ class HeliosEngine:
     def _graphs(self) -> tuple[GraphDescriptor, ...]:
         """The inference programs the speculation mode keeps, plus the restore and snapshot programs
         when the catalog keeps a checkpoint store and prefix reuse is on (init is never needed here)."""
-        graphs = select_programs(self.catalog.descriptors, self.config.speculation, self.config.speculative_width)
+        graphs = select_programs(self.catalog.descriptors, self.config.speculation, self.config.speculative_width,
+                                 self.config.adaptive_floor)
         if not self.checkpoints.enabled:
             return graphs
         state = tuple(g for g in self.catalog.state_descriptors if g.kind in (GraphKind.RESTORE, GraphKind.SNAPSHOT))

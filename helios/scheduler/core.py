@@ -29,6 +29,10 @@ API additions beyond DESIGN.md (additive; nothing renamed or removed):
   the engine, the debug server and tests (the engine mirrors none of it).
 - ``acceptance_prior`` is S7's population prior (not the columnar population
   snapshot a plan selects on).
+- ``track_draft_state()`` (before the first admission) and ``draft_current(h)``:
+  with ordinary decode loaded beside learned rounds (the engine's "plain"
+  adaptive floor), a request an ordinary frame ran is never offered a learned
+  round again (docs/scheduling-utility.md, "Departures from the spec", item 4).
 
 Funded exploration (docs/exploration.md, last section): ordinary completions earn
 credit; with full credit and an empty queue, ``plan`` may replace its measured
@@ -133,6 +137,9 @@ class RequestState:
     cancelled: bool = False
     finished: bool = False
     ops: RequestOps = field(default_factory=RequestOps)  # restores, snapshots, terminal hold (state_ops)
+    # its draft cache covers every committed position; False once a frame that skips draft absorption
+    # (ordinary decode or mixed) is committed for it, for good: it is never offered a learned round again
+    draft_current: bool = True
     # (slot, generation) of ``handle``: a key hashed in C, which queued frames use (``Frame.terms``)
     key: tuple[int, int] = field(init=False, default=(0, 0))
 
@@ -179,6 +186,13 @@ class RequestView:
     def of(cls, s: RequestState) -> "RequestView":
         return cls(s.phase, s.prompt_done, s.produced, s.service.token_rate, s.service.delivery_rate, s.inflight,
                    s.handle, s.request.prompt_tokens, s.request.max_tokens, s.queued_output, s.cancelled, s.finished)
+
+
+def skips_draft_absorption(graph: GraphDescriptor) -> bool:
+    """Ordinary decode and mixed programs: they advance a row without running the draft model over it
+    (prefill, speculative and draft-keeping mixed programs absorb every committed token)."""
+    return (graph.kind in (GraphKind.DECODE, GraphKind.MIXED) and graph.proposal_source is None
+            and not graph.speculation_enabled)  # capture flags every speculative mixed program too
 
 
 _RECENCY = attrgetter("last_selected_ns")  # least recently selected first (U8 tie order)
@@ -228,6 +242,7 @@ class Scheduler:
         self._queue = FrameQueue()
         self._last_fence: Fence | None = None
         self._max_depth = max((g.proposal_depth for g in self.graphs), default=0)
+        self._tracks_draft = False  # ``track_draft_state``
         self._admitted_any = False
         self.speculation = speculation
         self.exploration = ExplorationAccounts()  # D6-D9: both ledgers and the per-reason counters
@@ -245,6 +260,19 @@ class Scheduler:
         self.cost.ttl_ns = policy.estimate_ttl_ns
         self._timing.reset(self.now_ns)
         self.selector.configure(policy)
+
+    def track_draft_state(self) -> bool:
+        """Keep, per request, whether its draft cache is current (``RequestState.draft_current``); before
+        the first admission. Learned rounds read the draft cache and ordinary decode and mixed programs skip
+        its absorption, so where both are loaded (an adaptive engine's "plain" floor, ``EngineConfig.
+        adaptive_floor``; a simulated trace's ``adaptive_floor: plain``) a request that ran an ordinary frame
+        is never offered a learned round again. Returns whether the catalog has both (else nothing to track).
+        Off by default: a catalog that loads both without it treats every program as draft-keeping."""
+        if self._admitted_any:
+            raise ValueError("track_draft_state must be called before the first admission")
+        self._tracks_draft = (any(g.proposal_source == "learned" and g.draws_proposals for g in self.graphs)
+                              and any(skips_draft_absorption(g) for g in self.graphs))
+        return self._tracks_draft
 
     def execution_counters(self) -> dict[str, ReasonTotals]:
         """D9: executions and physical nanoseconds per selection reason (metric label spelling)."""
@@ -385,6 +413,18 @@ class Scheduler:
                 return family
         return DeliveryFamily(None)
 
+    def _draft_falls_behind(self, state: RequestState) -> None:
+        """A frame that skips draft absorption was committed for ``state``: its draft cache no longer covers
+        its committed positions, and nothing here catches it up, so it leaves every ranking and probe of
+        learned proposals for good (its learned estimates are kept, unused; copy rounds read no draft)."""
+        state.draft_current = False
+        for cached in (state.survival, state.gains, state.estimates):
+            cached.pop("learned", None)
+
+    def draft_current(self, handle: RequestHandle) -> bool:
+        """Whether ``handle``'s draft cache covers every committed position (learned rounds may run it)."""
+        return self._state(handle).draft_current
+
     def _refresh_survival(self, state: RequestState) -> None:
         """Cache selection means per source, nonincreasing in depth (S5), and the estimates' means and weights.
 
@@ -394,6 +434,8 @@ class Scheduler:
         from it instead of asking for each lane's estimates (D8).
         """
         for source in state.request.proposal_sources:
+            if source == "learned" and not state.draft_current:
+                continue  # no learned round may run it again (``_draft_falls_behind``)
             estimates = state.acceptance.source(source)
             raw, weights = estimates.means_and_weights(self._max_depth)
             means, envelope = [], 1.0
@@ -485,7 +527,7 @@ class Scheduler:
         acceptance = state.acceptance
         estimates = {
             source: acceptance.by_source.get(source) or PrefixSurvival(prior_weight=acceptance.prior_weight)
-            for source in state.request.proposal_sources
+            for source in state.request.proposal_sources if source in state.survival
         }
         return ProbeSubject(state.room(), estimates)
 
@@ -686,6 +728,8 @@ class Scheduler:
             state = self._lookup(lane.handle)  # a held terminal is finished but owns its slot (P6)
             fq.hold(state, lane, plan.graph)
             state.last_selected_ns = self.now_ns
+            if self._tracks_draft and state.draft_current and skips_draft_absorption(plan.graph):
+                self._draft_falls_behind(state)
         self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
         if plan.reason in EXPLORATION_REASONS:
             self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
@@ -739,6 +783,9 @@ class Scheduler:
                 )
         elif state.phase is not LanePhase.DECODE or state.room() < 1:
             raise ValueError(f"stale plan: {lane.handle} cannot decode now (phase {state.phase.value}, room {state.room()})")
+        elif not state.draft_current and plan.graph.proposal_source == "learned" and plan.graph.draws_proposals:
+            raise ValueError(f"stale plan: {lane.handle}'s draft cache is behind (an ordinary frame ran it); "
+                             f"{plan.graph.id} would draft from it")
 
     # -- completion -----------------------------------------------------------
 

@@ -115,6 +115,10 @@ class Trace:
     speculation: str = "adaptive"  # "fixed": the scheduler never probes acceptance (D8)
     reuse: bool = True  # conversations restore retained checkpoints (False: every turn prefills in full)
     checkpoint_rows: int = 8  # checkpoint rows the simulated engine retains (K3 evicts beyond them)
+    # adaptive only, as ``flare run --adaptive-floor``: "plain" keeps ordinary decode and mixed programs beside
+    # learned rounds and the scheduler tracks whose draft fell behind; "draft" drops them where learned
+    # programs are present; None: the catalog's programs as given, every one taken as draft-keeping
+    adaptive_floor: str | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -353,7 +357,8 @@ REQUEST_FIELDS = (
     "id", "arrival_ms", "prompt_tokens", "max_tokens", "accepted_drafts", "acceptance",
     "preseed_acceptance", "proposal_source", "acceptance_schedule", "follows", "think_ms", "scored_prompt",
 )
-TRACE_FIELDS = ("policy", "seed", "requests", "speculation", "reuse", "checkpoint_rows")
+TRACE_FIELDS = ("policy", "seed", "requests", "speculation", "reuse", "checkpoint_rows", "adaptive_floor")
+ADAPTIVE_FLOORS = ("plain", "draft")  # helios.runtime.engine.ADAPTIVE_FLOORS (this module imports no torch)
 CHANGE_FIELDS = ("after_tokens", "accepted_drafts", "acceptance")
 POLICY_FIELDS = ("preset",) + tuple(f.name for f in fields(PolicyConfig))
 
@@ -374,9 +379,12 @@ def parse_trace(data: Any, source: str = "<trace>") -> Trace:
     _check_conversations(top, requests)
     reuse = top.boolean("reuse", True)
     rows = top.integer("checkpoint_rows", 8, minimum=1)
+    floor = top.choice("adaptive_floor", ADAPTIVE_FLOORS, None)
+    if floor is not None and speculation != "adaptive":
+        top.fail("adaptive_floor", f"applies to speculation adaptive only, not {speculation}")
     top.finish(TRACE_FIELDS)
     return Trace(policy=policy, seed=seed, requests=requests, speculation=speculation, reuse=reuse,
-                 checkpoint_rows=rows)
+                 checkpoint_rows=rows, adaptive_floor=floor)
 
 
 def _check_conversations(top: _Entry, requests: tuple[TraceRequest, ...]) -> None:
@@ -520,6 +528,7 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
         "speculation": trace.speculation,
         "reuse": trace.reuse,
         "checkpoint_rows": trace.checkpoint_rows,
+        **({} if trace.adaptive_floor is None else {"adaptive_floor": trace.adaptive_floor}),
     }
 
 

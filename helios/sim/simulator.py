@@ -31,6 +31,7 @@ from typing import Any, Sequence
 from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler import Scheduler
 from helios.scheduler.checkpoints import AnchorRole, Checkpoint, CheckpointIndex, RowUse
+from helios.scheduler.core import skips_draft_absorption
 from helios.scheduler.types import (
     AdmitRequest,
     CompletionRecord,
@@ -360,11 +361,14 @@ class _Frame:
     end_ns: int
 
 
-def _loaded(graphs: Sequence[GraphDescriptor], speculation: str) -> tuple[GraphDescriptor, ...]:
+def _loaded(graphs: Sequence[GraphDescriptor], speculation: str, floor: str | None = None) -> tuple[GraphDescriptor, ...]:
     """What the scheduler is given: with speculation off, the programs that draw no proposals (as
-    ``flare run --speculation off`` loads them)."""
+    ``flare run --speculation off`` loads them); with the "draft" adaptive floor, no ordinary decode or
+    mixed program beside learned rounds (as ``flare run --adaptive-floor draft``)."""
     if speculation == "off":
         return tuple(g for g in graphs if not g.draws_proposals)
+    if floor == "draft" and any(g.proposal_source == "learned" and g.draws_proposals for g in graphs):
+        return tuple(g for g in graphs if not skips_draft_absorption(g))
     return tuple(graphs)
 
 
@@ -382,10 +386,15 @@ class Simulation:
         self.catalog = catalog
         self.options = options
         self.speculation = trace.speculation
-        self.scheduler = scheduler or Scheduler(
-            _loaded(catalog.descriptors(), trace.speculation), request_slots=catalog.request_slots,
-            policy=trace.policy, speculation=trace.speculation,
-        )
+        self.floor = trace.adaptive_floor
+        if scheduler is None:
+            scheduler = Scheduler(
+                _loaded(catalog.descriptors(), trace.speculation, self.floor), request_slots=catalog.request_slots,
+                policy=trace.policy, speculation=trace.speculation,
+            )
+            if self.floor == "plain":
+                scheduler.track_draft_state()
+        self.scheduler = scheduler
         self.device = SyntheticDevice(catalog, random.Random(trace.seed))
         # by arrival; follow-up turns (whose arrival is known only at run time) after, in trace order
         ordered = sorted(trace.requests, key=lambda r: r.arrival_ns if r.follows is None else math.inf)
@@ -434,7 +443,7 @@ class Simulation:
 
     def _measure_catalog(self) -> None:
         """One observation per graph at time zero, through the normal cost path."""
-        loaded = set(_loaded(self.catalog.descriptors(), self.speculation))
+        loaded = set(_loaded(self.catalog.descriptors(), self.speculation, self.floor))
         for graph in self.catalog.graphs:
             if graph.descriptor in loaded:
                 self.scheduler.observe_duration(graph.descriptor.id, graph.duration_ns)

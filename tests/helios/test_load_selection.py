@@ -35,10 +35,32 @@ def ids(graphs) -> set[str]:
 ORDINARY = {"prefill_p64", "decode_b4", "mixed_b2_w1"}
 
 
-def test_Y3_adaptive_keeps_every_speculative_program_and_drops_ordinary_generation():
-    kept = ids(select_programs(CATALOG, "adaptive"))
+def test_Y3_adaptive_with_the_draft_floor_keeps_every_speculative_program_and_drops_ordinary_generation():
+    kept = ids(select_programs(CATALOG, "adaptive", floor="draft"))
     # decode and ordinary mixed would skip draft absorption and leave the draft cache behind
     assert kept == ids(CATALOG) - {"decode_b4", "mixed_b2_w1"}
+
+
+def test_adaptive_with_the_plain_floor_keeps_ordinary_generation_beside_the_draft_keeping_twins():
+    """The departure (docs/scheduling-utility.md): the scheduler chooses plain or draft-keeping width one
+    by measured cost, and stops offering learned rounds to a row an ordinary frame ran."""
+    assert select_programs(CATALOG, "adaptive") == CATALOG  # the default floor
+    assert ids(select_programs(CATALOG, "adaptive", 2, floor="plain")) == {
+        "prefill_p64", "decode_b4", "spec_b4_w1", "spec_b4_w2", "mixed_b2_w1", "mixed_b2_w1_spec"}
+
+
+@pytest.mark.parametrize("floor", ["plain", "draft"])
+def test_the_floor_changes_only_adaptive(floor):
+    assert ids(select_programs(CATALOG, "off", floor=floor)) == ORDINARY
+    assert ids(select_programs(CATALOG, "fixed", 2, floor=floor)) == {"prefill_p64", "spec_b4_w2"}
+
+
+def test_an_unknown_floor_is_refused():
+    with pytest.raises(ValueError, match="adaptive floor must be one of plain, draft"):
+        select_programs(CATALOG, "adaptive", floor="lazy")
+    from helios.runtime.engine import EngineConfig
+    with pytest.raises(ValueError, match="adaptive_floor must be one of plain, draft"):
+        EngineConfig(adaptive_floor="lazy")
 
 
 @pytest.mark.parametrize("mode, width", [("off", None), ("adaptive", 1), ("fixed", 1)])
@@ -70,7 +92,7 @@ def test_C6_fixed_at_a_chosen_width_keeps_exactly_that_verification_width():
 
 
 def test_C6_a_width_only_removes_wider_programs_speculative_and_mixed_alike():
-    kept = select_programs(CATALOG, "adaptive", 2)
+    kept = select_programs(CATALOG, "adaptive", 2, floor="draft")
     assert ids(kept) == {"prefill_p64", "spec_b4_w1", "spec_b4_w2", "mixed_b2_w1_spec"}
     assert all(g.width <= 2 for g in kept)
 

@@ -100,12 +100,13 @@ def test_rows_in_use_are_never_evicted_and_every_row_comes_back(catalog, eager):
 
 @pytest.mark.parametrize("speculation", ["adaptive", "fixed"])
 def test_prompt_end_snapshots_run_when_only_speculative_programs_decode(catalog, eager, speculation):
-    """With speculation loaded there is no plain decode program (adaptive keeps the draft-keeping width-one
-    rounds, fixed one wider width): the snapshot a finished prompt waits for must still be planned. It
-    was not (the lookahead paired snapshots with plain decode only), and every stream stalled for good."""
+    """With speculation loaded and no plain decode program (adaptive with the draft floor keeps the
+    draft-keeping width-one rounds, fixed one wider width): the snapshot a finished prompt waits for must
+    still be planned. It was not (the lookahead paired snapshots with plain decode only), and every stream
+    stalled for good."""
     program_for = lambda gid: catalog.program(gid) if gid.startswith(STATE_PREFIXES) else eager(gid)
-    engine = HeliosEngine(catalog, EngineConfig(speculation=speculation, threads=1, prefix_reuse=True),
-                          program_for=program_for)
+    engine = HeliosEngine(catalog, EngineConfig(speculation=speculation, threads=1, prefix_reuse=True,
+                                                adaptive_floor="draft"), program_for=program_for)
     assert not any(g.kind.value == "decode" for g in engine.scheduler.graphs)
     rng = random.Random(7)
 

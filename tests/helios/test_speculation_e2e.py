@@ -61,6 +61,7 @@ class Recorder:
     program_for: Callable
     engine: HeliosEngine | None = None
     called: list[str] = field(default_factory=list)
+    rows: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # per call: program, its active rows' slots
     short: list[str] = field(default_factory=list)
 
     def __call__(self, program_id: str):
@@ -69,6 +70,7 @@ class Recorder:
 
         def run(**named):
             self.called.append(program_id)
+            self.rows.append((program_id, self._active_slots(named)))
             self._check_pages(graph, named)
             return program(**named)
         return run
@@ -81,8 +83,8 @@ class Recorder:
         at commit, must cover its rows (ceiling or query length) and the
         draft's D steps after that length.
         """
-        if "seq_lens" not in named or graph.kind.value in ("prefill", "scored_prefill"):
-            return
+        if "query_lens" not in named or graph.kind.value in ("prefill", "scored_prefill"):
+            return  # state programs (snapshot, restore) have no rows of their own to check
         page = self.catalog.state.layout["page_size"]
         prompt_row = int(named["prefill_row"][0]) if "prefill_row" in named else -1
         rows = zip(named["row_slots"].tolist(), named["query_lens"].tolist())
@@ -93,6 +95,13 @@ class Recorder:
             covered = self._pages_bound(named["page_table"][slot].tolist(), slot) * page
             if extent > covered:
                 self.short.append(f"{graph.id} slot {slot}: writes to {extent}, its pages cover {covered}")
+
+    @staticmethod
+    def _active_slots(named) -> tuple[int, ...]:
+        """Slots of the call's rows that run (a mixed frame's prompt row included)."""
+        if "row_slots" not in named or "query_lens" not in named:
+            return ()
+        return tuple(slot for slot, length in zip(named["row_slots"].tolist(), named["query_lens"].tolist()) if length)
 
     def _pages_bound(self, row: list[int], slot: int) -> int:
         """Pages of ``slot`` in the frame's table: the prefix it shares with the allocator's list now.
@@ -125,9 +134,14 @@ FAMILIES: dict[str, Callable[[GraphDescriptor], bool]] = {
 }
 
 
-def make(catalog, eager, speculation: str, family: str | None = None) -> tuple[HeliosEngine, Recorder]:
+def make(catalog, eager, speculation: str, family: str | None = None,
+         floor: str | None = None) -> tuple[HeliosEngine, Recorder]:
+    """An engine of ``speculation`` mode; ``family``: only that family's wider rounds. The floor defaults to
+    the engine's ("plain") without a family, and to "draft" with one: a forced family must get to run, and
+    under the plain floor a row that ran ordinary decode first never drafts again."""
     recorder = Recorder(catalog, eager)
-    config = EngineConfig(speculation=speculation, threads=1)
+    floor = floor or ("plain" if family is None else "draft")
+    config = EngineConfig(speculation=speculation, threads=1, adaptive_floor=floor)
     if family is None:
         engine = HeliosEngine(catalog, config, program_for=recorder)
     else:
@@ -202,6 +216,7 @@ def reference(catalog, eager):
 CONFIGURATIONS = [
     ("fixed", None),
     ("adaptive", None),
+    ("adaptive:draft", None),
     ("adaptive", "learned_query_length"),
     ("adaptive", "learned_prefix_limit"),
     ("adaptive", "copy"),
@@ -215,7 +230,8 @@ def test_Y3_S1_S2_S4_greedy_output_equals_speculation_off_up_to_near_ties(catalo
     if family is not None and not family_present(catalog, family):
         pytest.skip(f"the tiny slice has no {family} speculative program")
     ids, reference_out, _ = reference
-    engine, recorder = make(catalog, eager, mode, family)
+    mode, _, floor = mode.partition(":")
+    engine, recorder = make(catalog, eager, mode, family, floor or None)
     got = generate(engine, ids, greedy)
     assert_equal_or_near_ties(f"{mode}/{family or 'all'}", ids, reference_out, got)
     ran = {p for p in recorder.called if catalog.entry(p).descriptor.draws_proposals}
@@ -287,4 +303,37 @@ def test_S3_a_prefix_limit_lane_at_the_end_of_the_context_keeps_room_for_every_d
     assert deltas[-1].finish_reason.value == "length" and produced == 6, (len(prompt), engine.context_length, produced)
     assert {p for p in recorder.called if catalog.entry(p).descriptor.draws_proposals} == {
         g.id for g in engine.scheduler.graphs if g.is_prefix_limit}
+    assert not recorder.short, recorder.short[:3]
+
+
+def learned_rounds_after_a_plain_frame(catalog, recorder: Recorder) -> list[str]:
+    """Calls of learned rounds naming a slot whose request ran an ordinary decode or mixed frame before
+    (a prefill of the slot starts a request afresh: its prompt's last token is always computed)."""
+    behind: set[int] = set()
+    found = []
+    for program_id, slots in recorder.rows:
+        graph = catalog.entry(program_id).descriptor
+        if graph.kind.value in ("prefill", "scored_prefill"):
+            behind -= set(slots)
+        elif graph.kind.value == "decode" or (graph.kind.value == "mixed" and graph.proposal_source is None):
+            behind |= set(slots)
+        elif graph.proposal_source == "learned" and graph.draws_proposals and behind & set(slots):
+            found.append(f"{program_id} runs slots {sorted(behind & set(slots))}")
+    return found
+
+
+@pytest.mark.slow
+def test_the_plain_floor_runs_ordinary_decode_beside_speculation_with_the_output_of_speculation_off(
+        catalog, eager, reference):
+    """Adaptive with ``adaptive_floor`` "plain": greedy output equal to speculation off (up to near-ties,
+    as every configuration above), ordinary decode frames ran, and no learned round ever ran a row
+    after an ordinary frame left its draft cache behind."""
+    ids, reference_out, _ = reference
+    engine, recorder = make(catalog, eager, "adaptive", floor="plain")
+    got = generate(engine, ids, greedy)
+    assert_equal_or_near_ties("adaptive/plain floor", ids, reference_out, got)
+    kinds = [catalog.entry(p).descriptor for p in recorder.called]
+    assert any(g.kind.value == "decode" for g in kinds), sorted(set(recorder.called))
+    assert any(g.draws_proposals for g in kinds), sorted(set(recorder.called))
+    assert not learned_rounds_after_a_plain_frame(catalog, recorder)
     assert not recorder.short, recorder.short[:3]

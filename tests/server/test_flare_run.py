@@ -151,6 +151,9 @@ def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(requ
     ({"choices": ("prefill_defers_decode",)}, "FIELD=0 or FIELD=1"),
     ({"terminal_value": -1.0}, "--scheduler-terminal-value must be a finite number >= 0"),
     ({"terminal_age_price": float("nan")}, "--scheduler-terminal-age-price must be a finite number >= 0"),
+    ({"adaptive_floor": "lazy"}, "--adaptive-floor 'lazy' is unknown; use one of plain, draft"),
+    ({"adaptive_floor": "plain", "speculation": "fixed"}, "--adaptive-floor applies to --speculation adaptive only"),
+    ({"adaptive_floor": "draft", "speculation": "off"}, "--adaptive-floor applies to --speculation adaptive only"),
 ])
 def test_run_options_refuse_bad_flags_naming_the_allowed_values(flags, complaint):
     with pytest.raises(LaunchError, match=re.escape(complaint)):
@@ -162,6 +165,13 @@ def test_scheduler_choices_reach_the_policy_after_the_preset():
     policy = options.policy_config()
     assert (policy.prefill_defers_decode, policy.token_rate_by_value, policy.decode_age_price) == (1, 1, 0.0)
     assert RunOptions(choices=("prompt_chunk_share=0",)).policy_config().prompt_chunk_share == 0
+
+
+def test_the_adaptive_floor_flag_reaches_the_engine():
+    class Device:
+        manifest = type("M", (), {"device": {"kind": "cpu"}})()
+    assert RunOptions().engine_config(Device()).adaptive_floor == "plain"  # the engine's default
+    assert RunOptions(adaptive_floor="draft").engine_config(Device()).adaptive_floor == "draft"
 
 
 def test_terminal_and_reuse_flags_reach_the_policy_and_the_engine():
