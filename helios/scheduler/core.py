@@ -978,28 +978,28 @@ def validate_completion(frame: fq.Frame, records, timing: ExecutionTiming, looku
 
 
 def _validate_record(record: CompletionRecord, lane: PlannedLane, graph: GraphDescriptor) -> None:
-    where = f"{graph.id} lane {record.handle}"
+    # the messages name the lane in place: formatting it for every valid record cost more than the checks
     if lane.phase in (LanePhase.RESTORE, LanePhase.SNAPSHOT):
         if record.prompt_consumed or record.tokens or record.offered:
-            raise ValueError(f"{where}: a {lane.phase.value} row consumes no prompt and commits no token")
+            raise ValueError(f"{graph.id} lane {record.handle}: a {lane.phase.value} row consumes no prompt and commits no token")
         return
     if lane.phase is LanePhase.PROMPT:
         if record.prompt_consumed != lane.prompt_tokens:
-            raise ValueError(f"{where}: prompt row must consume its scheduled {lane.prompt_tokens} tokens, got {record.prompt_consumed}")
+            raise ValueError(f"{graph.id} lane {record.handle}: prompt row must consume its scheduled {lane.prompt_tokens} tokens, got {record.prompt_consumed}")
         if len(record.tokens) > (1 if lane.finishes_prompt else 0) or record.offered:
-            raise ValueError(f"{where}: a prompt row publishes at most one first token and offers no drafts")
+            raise ValueError(f"{graph.id} lane {record.handle}: a prompt row publishes at most one first token and offers no drafts")
         return
     if record.prompt_consumed:
-        raise ValueError(f"{where}: a decode row consumes no prompt, got {record.prompt_consumed}")
+        raise ValueError(f"{graph.id} lane {record.handle}: a decode row consumes no prompt, got {record.prompt_consumed}")
     bound = lane_output_bound(lane, graph)
     if not 1 <= len(record.tokens) <= bound:
-        raise ValueError(f"{where}: a decode row commits 1..{bound} tokens, got {len(record.tokens)}")
+        raise ValueError(f"{graph.id} lane {record.handle}: a decode row commits 1..{bound} tokens, got {len(record.tokens)}")
     if not 0 <= record.offered <= min(graph.proposal_depth, max(graph.width - 1, 0)):
-        raise ValueError(f"{where}: offered drafts must be in 0..min(D, W-1), got {record.offered}")
+        raise ValueError(f"{graph.id} lane {record.handle}: offered drafts must be in 0..min(D, W-1), got {record.offered}")
     if len(record.tokens) > record.offered + 1:
-        raise ValueError(f"{where}: {len(record.tokens)} tokens from {record.offered} offered drafts (at most offered + 1)")
+        raise ValueError(f"{graph.id} lane {record.handle}: {len(record.tokens)} tokens from {record.offered} offered drafts (at most offered + 1)")
     if lane.ceiling and record.offered + 1 > lane.ceiling:
-        raise ValueError(f"{where}: verified {record.offered + 1} rows beyond the lane's ceiling {lane.ceiling} (S2)")
+        raise ValueError(f"{graph.id} lane {record.handle}: verified {record.offered + 1} rows beyond the lane's ceiling {lane.ceiling} (S2)")
 
 
 def _validate_rows(graph: GraphDescriptor, records) -> None:
