@@ -146,8 +146,10 @@ class _FlatCall:
         self._layout = layout  # per recorded input: its name, or the weight tensors bound at load
         self._accepted = accepted  # names a call may pass: the non-weight inputs and the persistent state
         self._run = run
-        self._unflatten = pytree.tree_unflatten
         self._out_spec = out_spec
+        # a flat tuple of outputs (every program's) is the loader's list as a tuple: no tree to rebuild
+        flat_tuple = out_spec.type is tuple and all(child.is_leaf() for child in out_spec.children())
+        self._unflatten = (lambda values, _: tuple(values)) if flat_tuple else pytree.tree_unflatten
 
     @classmethod
     def of(cls, program: "CatalogProgram") -> "_FlatCall | None":
