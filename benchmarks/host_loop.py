@@ -1,7 +1,7 @@
 """Where a frame's time goes at batch 1: the program against the engine's Python work around it.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/host_loop.py CATALOG [--threads 1] [--tokens 64]
-        [--requests 8] [--speculation off] [--frame-slots 2]
+        [--requests 8] [--speculation off] [--frame-slots 2] [--switch-interval-ms MS] [--cpu]
 
 Runs ``--requests`` greedy requests one after another (batch 1, no HTTP)
 through ``HeliosEngine`` on a captured catalog (``compile: aoti`` catalogs are
@@ -123,7 +123,8 @@ def _report(host_ns: int, frames: int, produced: int, seconds: float) -> None:
 
 async def _run(args) -> None:
     catalog = load(args.catalog, trust=True)
-    config = EngineConfig(threads=args.threads, speculation=args.speculation, frame_slots=args.frame_slots)
+    switch = {} if args.switch_interval_ms is None else {"switch_interval_s": args.switch_interval_ms / 1e3}
+    config = EngineConfig(threads=args.threads, speculation=args.speculation, frame_slots=args.frame_slots, **switch)
     engine = HeliosEngine(catalog, config)
     engine.warm_up()
     await engine.start()
@@ -154,6 +155,8 @@ def main() -> None:
     parser.add_argument("--frame-slots", type=int, default=2)
     parser.add_argument("--profile", default="", help="comma-separated parts (bind, publish, ...) to profile "
                                                       "with cProfile; prints their top functions (slower)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the engine's GIL switch interval (EngineConfig.switch_interval_s; default its own)")
     parser.add_argument("--cpu", action="store_true", help="also give each part's thread CPU time (beside the "
                                                             "wall time: the difference is waiting for a core or the GIL)")
     args = parser.parse_args()
