@@ -154,7 +154,10 @@ class _FlatCall:
     @classmethod
     def of(cls, program: "CatalogProgram") -> "_FlatCall | None":
         """The direct call of ``program``'s module if it is an AOTInductor package, else None."""
-        from torch.export.pt2_archive._package import AOTICompiledModel
+        try:  # where torch 2.13 keeps it; another release may move it, and then the package's own call serves
+            from torch.export.pt2_archive._package import AOTICompiledModel
+        except ImportError:
+            return None
         from torch.utils import _pytree as pytree
 
         if not isinstance(program.module, AOTICompiledModel):
