@@ -1,7 +1,7 @@
 """Where a frame's time goes at batch 1: the program against the engine's Python work around it.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/host_loop.py CATALOG [--threads 1] [--tokens 64]
-        [--requests 8] [--speculation off] [--frame-slots 2]
+        [--requests 8] [--speculation off] [--frame-slots 2] [--switch-interval-ms MS] [--cpu]
 
 Runs ``--requests`` greedy requests one after another (batch 1, no HTTP)
 through ``HeliosEngine`` on a captured catalog (``compile: aoti`` catalogs are
@@ -44,7 +44,9 @@ from helios.runtime.executor import Executor
 from helios.scheduler.core import Scheduler
 
 TOTALS: dict[str, int] = defaultdict(int)
+CPU: dict[str, int] = defaultdict(int)  # --cpu: the calling thread's CPU time per part
 COUNTS: dict[str, int] = defaultdict(int)
+CLOCKS = {"cpu": False}  # --cpu sets it (each timed call then also reads the thread's CPU clock)
 PROFILED: dict[str, cProfile.Profile] = {}  # --profile: label -> the profile of that part's calls
 
 
@@ -55,13 +57,16 @@ def _timed(owner, name: str, label: str) -> None:
     @wraps(inner)
     def wrapper(*args, **kwargs):
         profile = PROFILED.get(label)
-        began = time.perf_counter_ns()
+        cpu = CLOCKS["cpu"]
+        began, began_cpu = time.perf_counter_ns(), time.thread_time_ns() if cpu else 0
         try:
             if profile is not None:
                 return profile.runcall(inner, *args, **kwargs)
             return inner(*args, **kwargs)
         finally:
             TOTALS[label] += time.perf_counter_ns() - began
+            if cpu:
+                CPU[label] += time.thread_time_ns() - began_cpu
             COUNTS[label] += 1
 
     setattr(owner, name, wrapper)
@@ -78,6 +83,7 @@ def _instrument() -> None:
         _timed(Scheduler, name, "complete")
     _timed(engine_module.HeliosEngine, "_bind", "bind")
     _timed(engine_module.HeliosEngine, "_publish", "publish")
+    _timed(engine_module.HeliosEngine, "_step", "step")  # the control step's own work, for --cpu's "other"
     if hasattr(engine_module.HeliosEngine, "_wake_listeners"):  # absent before deliveries were deferred
         _timed(engine_module.HeliosEngine, "_wake_listeners", "wake")
 
@@ -96,21 +102,36 @@ def _report(host_ns: int, frames: int, produced: int, seconds: float) -> None:
     print(f"{frames} frames, {produced} tokens in {seconds:.2f} s ({produced / seconds:.1f} tok/s); "
           f"program {program / 1e6 / frames:.3f} ms/frame")
     rows = [("executor around the call", around)] + [(k, TOTALS[k]) for k in control] + [("other", other)]
+    cpu = None
+    if CLOCKS["cpu"]:  # the same parts in the thread's CPU time: what is left once waits are taken out
+        parts = ("plan", "commit", "complete", "bind", "publish")
+        cpu = {"executor around the call": CPU["executor.run"] - CPU["program"], "wake": CPU["wake"],
+               "other": CPU["step"] - sum(CPU[k] for k in parts), **{k: CPU[k] for k in parts}}
+        print(f"  {'':26s} {'wall':>8s}                           {'cpu':>8s}")
     for label, ns in rows:
-        print(f"  {label:26s} {ns / 1e3 / frames:8.1f} us/frame  {100 * ns / program:5.1f}% of program")
+        line = f"  {label:26s} {ns / 1e3 / frames:8.1f} us/frame  {100 * ns / program:5.1f}% of program"
+        if cpu is not None:
+            line += f"  {cpu[label] / 1e3 / frames:8.1f} us/frame  {100 * cpu[label] / program:5.1f}%"
+        print(line)
     host = around + host_ns
-    print(f"  {'host total':26s} {host / 1e3 / frames:8.1f} us/frame  {100 * host / program:5.1f}% of program")
+    line = f"  {'host total':26s} {host / 1e3 / frames:8.1f} us/frame  {100 * host / program:5.1f}% of program"
+    if cpu is not None:
+        total = sum(cpu.values())
+        line += f"  {total / 1e3 / frames:8.1f} us/frame  {100 * total / program:5.1f}%"
+    print(line)
 
 
 async def _run(args) -> None:
     catalog = load(args.catalog, trust=True)
-    config = EngineConfig(threads=args.threads, speculation=args.speculation, frame_slots=args.frame_slots)
+    switch = {} if args.switch_interval_ms is None else {"switch_interval_s": args.switch_interval_ms / 1e3}
+    config = EngineConfig(threads=args.threads, speculation=args.speculation, frame_slots=args.frame_slots, **switch)
     engine = HeliosEngine(catalog, config)
     engine.warm_up()
     await engine.start()
     try:
         await _request(engine, "warm", args.tokens)
         TOTALS.clear()
+        CPU.clear()
         COUNTS.clear()
         before = engine.frame_counters()
         began = time.perf_counter()
@@ -134,7 +155,12 @@ def main() -> None:
     parser.add_argument("--frame-slots", type=int, default=2)
     parser.add_argument("--profile", default="", help="comma-separated parts (bind, publish, ...) to profile "
                                                       "with cProfile; prints their top functions (slower)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the engine's GIL switch interval (EngineConfig.switch_interval_s; default its own)")
+    parser.add_argument("--cpu", action="store_true", help="also give each part's thread CPU time (beside the "
+                                                            "wall time: the difference is waiting for a core or the GIL)")
     args = parser.parse_args()
+    CLOCKS["cpu"] = args.cpu
     _instrument()
     for label in filter(None, args.profile.split(",")):
         PROFILED[label] = cProfile.Profile()

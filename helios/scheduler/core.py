@@ -221,7 +221,8 @@ class Scheduler:
         _check_catalog(graphs, request_slots, speculation)
         self.graphs: tuple[GraphDescriptor, ...] = tuple(graphs)
         self._by_id = {g.id: g for g in self.graphs}
-        self._cost_keys = {g.id: g.cost_key() for g in self.graphs}  # built once: every plan's trace reads one
+        # built once: every plan's trace, commit and completion reads one (``cost_key()`` builds a new one)
+        self._cost_keys = {g.id: g.cost_key() for g in self.graphs}
         self.request_slots = request_slots
         self.policy = policy or PolicyConfig()
         self.cost: DurationModel = cost if cost is not None else CostModel(self.policy.estimate_ttl_ns)
@@ -720,36 +721,36 @@ class Scheduler:
     def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
         """Check ownership, epochs, room and feedback dependencies; then submit (A6)."""
         self._check_commit(plan, fence)
-        states = tuple(s for s in self._slots if s is not None and s.live)
-        participants = tuple(s.handle for s in states)
+        states = tuple(s for s in self._slots if s is not None and not (s.cancelled or s.finished))  # live
         normalizer = self._normalizer()
-        self._start_unserved_histories(participants)
+        self._start_unserved_histories(states)
         for lane in plan.lanes:
             state = self._lookup(lane.handle)  # a held terminal is finished but owns its slot (P6)
             fq.hold(state, lane, plan.graph)
             state.last_selected_ns = self.now_ns
             if self._tracks_draft and state.draft_current and skips_draft_absorption(plan.graph):
                 self._draft_falls_behind(state)
-        self.cost.mark_attempt(plan.graph.cost_key(), self.now_ns)
+        self.cost.mark_attempt(self._cost_keys[plan.graph.id], self.now_ns)
         if plan.reason in EXPLORATION_REASONS:
             self.exploration.begin(plan.reason)  # D7/D8: the episode opens at commit, never at plan
         self._queue.submit(fence, plan, states, normalizer, self.now_ns, self.policy.adaptation_ms,
                            self._prompt_weight)
         self._last_fence = fence
 
-    def _start_unserved_histories(self, participants: Sequence[RequestHandle]) -> None:
+    def _start_unserved_histories(self, participants: Sequence[RequestState]) -> None:
         """A request with no measured interval yet starts at the fair share of this interval's participants.
 
         Its admission-time share depended on who happened to be resident then;
-        requests arriving together must not be ranked by arrival order.
+        requests arriving together must not be ranked by arrival order. The
+        share is worked out only when some participant starts (at a steady
+        batch none does: every commit would otherwise price it for nothing).
         """
-        if not participants:
-            return  # only held terminals run (P6): no live request to start
+        unserved = [state for state in participants if state.service.last_interval is None]
+        if not unserved:
+            return  # everyone has a measured interval, or only held terminals run (P6)
         rate = self._fair_rate(len(participants))
-        for handle in participants:
-            state = self._slots[handle.slot]
-            if state.service.last_interval is None:
-                state.service = ServiceHistory.starting_at(rate)
+        for state in unserved:
+            state.service = ServiceHistory.starting_at(rate)
 
     def _check_commit(self, plan: ScheduledPlan, fence: Fence) -> None:
         if self._last_fence is not None and fence <= self._last_fence:
@@ -760,7 +761,7 @@ class Scheduler:
         if plan.reason in EXPLORATION_REASONS and not self.exploration.can_begin(plan.reason):
             raise ValueError(f"a {plan.reason.value} plan needs full credit and no episode in flight; replan")
         queued = bool(self._queue)
-        self._queue.check_feedback(plan, queued and self.cost.requires_feedback(plan.graph.cost_key(), self.now_ns))
+        self._queue.check_feedback(plan, queued and self.cost.requires_feedback(self._cost_keys[plan.graph.id], self.now_ns))
         seen = set()
         for lane in plan.lanes:
             if lane.handle in seen:
@@ -826,25 +827,24 @@ class Scheduler:
         # everything is valid: from here on, state changes
         self._queue.pop()
         plan = frame.plan
-        self._observe_cost(plan.graph.cost_key(), timing.device_ns, timing.readiness_delay_ns)
+        self._observe_cost(self._cost_keys[plan.graph.id], timing.device_ns, timing.readiness_delay_ns)
         # D6-D9: every frame that completes pays or earns once, by its plan's reason (cancelled lanes too)
         self.exploration.record(plan.reason, timing, frame.queued)
-        before = {h: self._counters(h) for h in frame.participants}
-        out = []
+        before = self._served_before(frame.participants)
+        out, states = [], []
         for lane in plan.lanes:
             state = self._lookup(lane.handle)
             if state is None:
                 continue
+            states.append(state)
             record = by_handle.get(lane.handle)
             token = self._apply_lane(state, lane, plan, record, frame.fence, sidecars.get(lane.handle))
             if token is not None:
                 out.append(token)
         self._record_service(frame, timing, before)
         self._record_draws(plan, by_handle.values())
-        for lane in plan.lanes:
-            state = self._lookup(lane.handle)
-            if state is not None:
-                self._release_if_idle(state)
+        for state in states:  # nothing above frees a slot: each lane's lookup still finds the same request
+            self._release_if_idle(state)
         self._lapse_credit_if_idle()
         return out
 
@@ -863,11 +863,14 @@ class Scheduler:
                                       or s.ops.terminal_since_ns is not None) for s in self._slots):
             self.exploration.idle()
 
-    def _counters(self, handle: RequestHandle) -> int | None:
-        state = self._lookup(handle)
-        if state is None or state.cancelled:
-            return None
-        return self._served_units(state)
+    def _served_before(self, participants: Sequence[RequestHandle]) -> list[tuple[RequestState, float]]:
+        """Each participant still resident and not cancelled, with its committed counters before a completion."""
+        found = []
+        for handle in participants:
+            state = self._lookup(handle)
+            if state is not None and not state.cancelled:
+                found.append((state, self._served_units(state)))
+        return found
 
     def _served_units(self, state: RequestState) -> float:
         """The committed counters as token-rate service: prompt tokens weighted (PolicyConfig.prompt_service_weight)."""
@@ -938,9 +941,8 @@ class Scheduler:
             return
         interval_ns = timing.device_ns if frame.queued else max(timing.device_ns, timing.wall_ns)
         interval_ms = interval_ns / 1e6
-        for handle, start in before.items():
-            state = self._lookup(handle)
-            if start is None or state is None or state.cancelled:
+        for state, start in before:
+            if state.cancelled:
                 continue
             served = self._served_units(state) - start
             state.service.record_interval(frame.fence, served, interval_ms, self.policy.adaptation_ms)
@@ -1023,28 +1025,28 @@ def validate_completion(frame: fq.Frame, records, timing: ExecutionTiming, looku
 
 
 def _validate_record(record: CompletionRecord, lane: PlannedLane, graph: GraphDescriptor) -> None:
-    where = f"{graph.id} lane {record.handle}"
+    # the messages name the lane in place: formatting it for every valid record cost more than the checks
     if lane.phase in (LanePhase.RESTORE, LanePhase.SNAPSHOT):
         if record.prompt_consumed or record.tokens or record.offered:
-            raise ValueError(f"{where}: a {lane.phase.value} row consumes no prompt and commits no token")
+            raise ValueError(f"{graph.id} lane {record.handle}: a {lane.phase.value} row consumes no prompt and commits no token")
         return
     if lane.phase is LanePhase.PROMPT:
         if record.prompt_consumed != lane.prompt_tokens:
-            raise ValueError(f"{where}: prompt row must consume its scheduled {lane.prompt_tokens} tokens, got {record.prompt_consumed}")
+            raise ValueError(f"{graph.id} lane {record.handle}: prompt row must consume its scheduled {lane.prompt_tokens} tokens, got {record.prompt_consumed}")
         if len(record.tokens) > (1 if lane.finishes_prompt else 0) or record.offered:
-            raise ValueError(f"{where}: a prompt row publishes at most one first token and offers no drafts")
+            raise ValueError(f"{graph.id} lane {record.handle}: a prompt row publishes at most one first token and offers no drafts")
         return
     if record.prompt_consumed:
-        raise ValueError(f"{where}: a decode row consumes no prompt, got {record.prompt_consumed}")
+        raise ValueError(f"{graph.id} lane {record.handle}: a decode row consumes no prompt, got {record.prompt_consumed}")
     bound = lane_output_bound(lane, graph)
     if not 1 <= len(record.tokens) <= bound:
-        raise ValueError(f"{where}: a decode row commits 1..{bound} tokens, got {len(record.tokens)}")
+        raise ValueError(f"{graph.id} lane {record.handle}: a decode row commits 1..{bound} tokens, got {len(record.tokens)}")
     if not 0 <= record.offered <= min(graph.proposal_depth, max(graph.width - 1, 0)):
-        raise ValueError(f"{where}: offered drafts must be in 0..min(D, W-1), got {record.offered}")
+        raise ValueError(f"{graph.id} lane {record.handle}: offered drafts must be in 0..min(D, W-1), got {record.offered}")
     if len(record.tokens) > record.offered + 1:
-        raise ValueError(f"{where}: {len(record.tokens)} tokens from {record.offered} offered drafts (at most offered + 1)")
+        raise ValueError(f"{graph.id} lane {record.handle}: {len(record.tokens)} tokens from {record.offered} offered drafts (at most offered + 1)")
     if lane.ceiling and record.offered + 1 > lane.ceiling:
-        raise ValueError(f"{where}: verified {record.offered + 1} rows beyond the lane's ceiling {lane.ceiling} (S2)")
+        raise ValueError(f"{graph.id} lane {record.handle}: verified {record.offered + 1} rows beyond the lane's ceiling {lane.ceiling} (S2)")
 
 
 def _validate_rows(graph: GraphDescriptor, records) -> None:

@@ -271,3 +271,91 @@ def test_memoized_schema_type_hints_deserialize_the_same_program(catalog_dir):
         serialize.typing = saved
     assert memoized.graph_module.code == plain.graph_module.code
     assert str(memoized.graph_signature) == str(plain.graph_signature)
+
+
+class _PackageLoader:
+    """Stands in for an AOTInductor package's native loader: it takes the flat input list the package's
+    wrapper builds (the compiled code's order), rebuilds the arguments from the call spec and runs the
+    exported program on them, so inputs in the wrong order give wrong results or fail."""
+
+    def __init__(self, module, in_spec, out_spec) -> None:
+        from torch.utils import _pytree as pytree
+
+        self._module, self._in_spec, self._out_spec = module, in_spec, out_spec
+        self._spec_text = (pytree.treespec_dumps(in_spec), pytree.treespec_dumps(out_spec))
+        self.calls: list[list] = []
+
+    def get_call_spec(self):
+        return self._spec_text
+
+    def boxed_run(self, flat):
+        from torch.utils import _pytree as pytree
+
+        self.calls.append(list(flat))
+        args, kwargs = pytree.tree_unflatten(list(flat), self._in_spec)
+        flat.clear()  # the native loader consumes its input list
+        return pytree.tree_leaves(self._module(*args, **kwargs))
+
+
+def _as_package(catalog, program_id):
+    """``program_id`` as a CatalogProgram whose module is an ``AOTICompiledModel`` over ``_PackageLoader``."""
+    from torch.export.pt2_archive._package import AOTICompiledModel
+    from torch.utils import _pytree as pytree
+
+    from helios.catalog.load import CatalogProgram
+
+    exported = catalog.exported_program(program_id)
+    named = {**stand_in_state(), **stand_in_inputs(exported.entry.descriptor)}
+    args = exported.bind(named)
+    in_spec = pytree.tree_flatten((args, {}))[1]
+    out_spec = pytree.tree_flatten(exported.module(*args))[1]
+    loader = _PackageLoader(exported.module, in_spec, out_spec)
+    state_names = frozenset(t.name for t in catalog.state.tensors)
+    return CatalogProgram(exported.entry, AOTICompiledModel(loader), catalog.program_weights, state_names), loader
+
+
+def test_a_compiled_program_gets_the_flat_inputs_its_own_wrapper_builds(catalog_dir):
+    """CatalogProgram calls an AOTInductor package's loader directly (helios.catalog.load._FlatCall): the same
+    tensors in the same order as the package's own ``__call__`` passes, so the same outputs and state."""
+    catalog = load(catalog_dir)
+    for descriptor in catalog.descriptors:
+        program, loader = _as_package(catalog, descriptor.id)
+        inputs = stand_in_inputs(descriptor)
+        direct_state, wrapped_state = stand_in_state(), stand_in_state()
+        for state in (direct_state, wrapped_state):
+            state["pending"].copy_(torch.tensor([3, 5, 7, 9]))
+            state["seq_lens"].copy_(torch.tensor([0, 2, 4, 6], dtype=torch.int32))
+        got = program(**inputs, **direct_state)
+        assert program._flat, f"{descriptor.id}: the direct call was not taken"
+        direct = loader.calls[-1]
+        result = program.module(*program.bind({**inputs, **wrapped_state}))  # the package's own wrapper
+        wrapped = loader.calls[-1]
+        assert len(direct) == len(wrapped) and all(type(a) is type(b) for a, b in zip(direct, wrapped))
+        # position by position: the same weight tensor, or the same named input of each call
+        own = {id(t): name for name, t in {**inputs, **direct_state}.items()}
+        twins = {**inputs, **wrapped_state}
+        for i, (a, b) in enumerate(zip(direct, wrapped)):
+            expected = twins[own[id(a)]] if id(a) in own else a
+            assert b is expected, f"{descriptor.id}: flat input {i} differs from the wrapper's"
+        for name, value in dict(zip((o.name for o in program.entry.outputs), result)).items():
+            assert torch.equal(got[name], value), f"{descriptor.id}: {name} differs from the wrapper's call"
+        for name, value in wrapped_state.items():
+            assert torch.equal(direct_state[name], value), f"{descriptor.id}: state {name} differs"
+
+
+def test_a_compiled_program_leaves_what_its_layout_does_not_cover_to_the_ordinary_path(catalog_dir):
+    """A weights input passed by the caller is used; unknown and missing names are refused by name."""
+    catalog = load(catalog_dir)
+    program, loader = _as_package(catalog, "decode_b1")
+    named = {**stand_in_state(), **stand_in_inputs(program.entry.descriptor)}
+    weights_input = next(spec.name for spec in program.entry.inputs if spec.weights is not None)
+    zeroed = {key: torch.zeros_like(t) for key, t in catalog.program_weights(
+        next(spec for spec in program.entry.inputs if spec.weights is not None)).items()}
+    program(**named, **{weights_input: zeroed})
+    assert any(t is zeroed[key] for t in loader.calls[-1] for key in zeroed), "the caller's weights were not used"
+    with pytest.raises(CatalogError, match="unknown inputs"):
+        program(**named, bogus=torch.zeros(1))
+    missing = dict(named)
+    missing.pop(next(spec.name for spec in program.entry.inputs if spec.weights is None and spec.name in missing))
+    with pytest.raises(CatalogError, match="missing input"):
+        program(**missing)
