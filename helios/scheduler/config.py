@@ -31,19 +31,19 @@ class PolicyConfig:
     estimate_ttl_ns: int = 30_000_000_000  # timing freshness interval
     adaptive_verification_alpha: float = 1.0  # exponent on prefix-survival estimates
     # Price-flow choices (docs/scheduling-utility.md, "Departures from the spec"; issue 20); 0 is the
-    # spec text's rule. The chunk share is the default; counting x by value is not (it lets a long
-    # prompt hold the device for hundreds of ms while streams wait, U6).
+    # spec text's rule, and every default is the derived one (1).
     # 1: x counts a prompt token as 1/beta output token and a newcomer starts at a batch-feasible share,
     # where the catalog has a mixed program with a prompt row (0, or no such program: one for one)
-    token_rate_by_value: int = 0
+    token_rate_by_value: int = 1
     prompt_chunk_share: int = 1  # a chunk leaving prompt behind earns its time share of the prompt (0: its tokens)
     # 1: where the catalog has mixed programs, a program that leaves work waiting (decoders outside its
     # batch, prompts beside a decode round) scores no more than itself followed by that work's own
     # frame (0: its own value rate, U6's text; docs/scheduling-utility.md, "The deferred round")
     prefill_defers_decode: int = 1
-    # 1: each decoder's age price is at least beta / sigma^2 (its output value per reference interval,
-    # per reference interval; 0: decode_age_price alone, Y1's 0.1)
-    age_price_by_cadence: int = 0
+    # 1: each decoder's age price is at least beta / d^2, d the full-batch decode cadence (its output
+    # value per cadence interval, per cadence interval), where the catalog has a mixed program with a
+    # prompt row (0, or no such program: decode_age_price alone, Y1's 0.1)
+    age_price_by_cadence: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

@@ -232,10 +232,11 @@ class Scheduler:
         self._full_cadence: tuple[Sequence[GraphTiming], float | None] | None = None  # (timings, d) of ``_full_cadence_ms``
         # ``PolicyConfig.token_rate_by_value`` takes effect only where a mixed program carries a prompt row
         # beside decoders (P7; docs/scheduling-utility.md, "What x measures"): without one a prompt valued
-        # against a by-value x has nothing to share its frames with, and its chunks run back to back
-        self._by_value = bool(self.policy.token_rate_by_value) and any(
-            g.kind is GraphKind.MIXED and g.prefill_capacity > 0 for g in self.graphs)
-        self._prompt_weight = self.policy.prompt_service_weight if self._by_value else 1.0
+        # against a by-value x has nothing to share its frames with, and its chunks run back to back.
+        # ``age_price_by_cadence`` likewise: without a frame that serves decoders beside a prompt, a
+        # cadence-sized c only makes prompts wait ("The age price from first principles")
+        self._shares_frames = any(g.kind is GraphKind.MIXED and g.prefill_capacity > 0 for g in self.graphs)
+        self._apply_choices()
         self._feasible: tuple[Sequence[GraphTiming], dict[int, float | None]] | None = None  # ``_fair_rate``'s
         self.now_ns = 0
         self._slots: list[RequestState | None] = [None] * request_slots
@@ -258,6 +259,7 @@ class Scheduler:
         if self._admitted_any:
             raise ValueError("configure_policy must be called before the first admission")
         self.policy = policy
+        self._apply_choices()
         self.cost.ttl_ns = policy.estimate_ttl_ns
         self._timing.reset(self.now_ns)
         self.selector.configure(policy)
@@ -496,7 +498,7 @@ class Scheduler:
         restores, snapshots, held = pending
         policy = self.policy
         inputs = state_ops.StateInputs(
-            restores, snapshots, held, population, policy.decode_age_price * len(population.decoders),
+            restores, snapshots, held, population, self._age_price(timings) * len(population.decoders),
             policy.terminal_value, policy.terminal_age_price, self._timing.prefill_times(timings))
         return state_ops.best_state_choice(self.graphs, timings, inputs)
 
@@ -587,8 +589,8 @@ class Scheduler:
         c, beta, f, g = policy.decode_age_price, policy.output_token_value, policy.token_fairness, policy.delivery_fairness
         projected = self._queue.project(states)  # A10: rates and age references at the queue's end
         rates, deliveries, references = projected.token_rates, projected.delivery_rates, projected.reference_ns
-        if policy.age_price_by_cadence:
-            c = decode_age_price(c, beta, self._full_cadence_ms(timings))
+        if self._by_cadence:
+            c = self._age_price(timings)
         if len(counts) == 1:  # one delivery family: one sigma
             sigma = sigmas.get(next(iter(counts)))
             slope, first = (c * sigma, 1.0 / sigma) if sigma else (0.0, 1.0)
@@ -637,6 +639,22 @@ class Scheduler:
                               ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0,
                               defers_decode=bool(policy.prefill_defers_decode),
                               scored=scored if scored.handle else None)
+
+    def _apply_choices(self) -> None:
+        """The price-flow choices that need a frame serving decoders beside a prompt (see __init__)."""
+        self._by_value = bool(self.policy.token_rate_by_value) and self._shares_frames
+        self._by_cadence = bool(self.policy.age_price_by_cadence) and self._shares_frames
+        self._prompt_weight = self.policy.prompt_service_weight if self._by_value else 1.0
+        self._feasible = None
+
+    def _age_price(self, timings) -> float:
+        """Every decoder's age price c (U6): the policy's, or with ``age_price_by_cadence`` (where it
+        applies) at least beta / d^2. The ordinary decision and the state decisions (P1-P6) charge the
+        same c."""
+        policy = self.policy
+        if self._by_cadence:
+            return decode_age_price(policy.decode_age_price, policy.output_token_value, self._full_cadence_ms(timings))
+        return policy.decode_age_price
 
     def _full_cadence_ms(self, timings) -> float | None:
         """sigma of a plain decoder when every request slot decodes (U5 with K = k = slots): the catalog's

@@ -103,9 +103,7 @@ def test_cadence_age_price_is_beta_over_the_cadence_squared_with_the_policy_c_as
 
 def test_cadence_age_price_reaches_every_decoders_slope_and_the_waiting_cost():
     from sched_harness import Driver, ask, measured
-    catalog = {P256: 5.84, D8: 3.14, D16: 3.78}
-    by_policy = {}
-    for by_cadence in (0, 1):
+    def decoding(catalog, by_cadence):
         s = measured(catalog, policy=PolicyConfig(age_price_by_cadence=by_cadence))
         d = Driver(s, catalog)
         for _ in range(3):
@@ -113,7 +111,16 @@ def test_cadence_age_price_reaches_every_decoders_slope_and_the_waiting_cost():
         d.run(40)
         population = s._population(s.now_ns, s._timings())
         assert len(population.decoders.handle) == 3
-        by_policy[by_cadence] = population
+        return population
+
+    # a mixed program with a prompt row: the choice applies (its mixed frame is 7.62 ms, slower than
+    # D16, so d is still D16's cadence)
+    catalog = {P256: 5.84, D8: 3.14, D16: 3.78, M16: 7.62}
+    by_policy = {by_cadence: decoding(catalog, by_cadence) for by_cadence in (0, 1)}
+    # no frame serves decoders beside a prompt: the choice leaves Y1's c (a cadence-sized c would only
+    # make prompts wait, docs/scheduling-utility.md)
+    plain = decoding({P256: 5.84, D8: 3.14, D16: 3.78}, 1)
+    assert plain.active_age_price == pytest.approx(3 * 0.1)
     c = 64.0 / 3.78 ** 2  # 16 slots in decode b16 every 3.78 ms: d = 16 * 3.78 / 16
     assert by_policy[0].active_age_price == pytest.approx(3 * 0.1)
     assert by_policy[1].active_age_price == pytest.approx(3 * c)

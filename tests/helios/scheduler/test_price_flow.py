@@ -3,7 +3,7 @@
 - ``prompt_chunk_share`` (default on): a prompt chunk that leaves prompt behind earns its share of the
   remaining prompt's value by prefill time, so a prompt is not split into a chunk that just fits and
   a tail of a few tokens that then waits behind decode rounds;
-- ``token_rate_by_value`` (default off): x counts a consumed prompt token as 1/beta output token, where
+- ``token_rate_by_value`` (default on): x counts a consumed prompt token as 1/beta output token, where
   the catalog has a mixed program with a prompt row, and a newcomer starts at a batch-feasible share.
 """
 
@@ -134,15 +134,21 @@ def test_by_value_start_is_a_batch_feasible_share():
     assert s._fair_rate(2) == pytest.approx(2 / 2.66 / 2, rel=1e-12)
     assert s._fair_rate(3) == pytest.approx(3 / 2.82 / 3, rel=1e-12)  # D4, the one holding 3, serves 3
     assert s._fair_rate(8) == pytest.approx(4 / 2.82 / 8, rel=1e-12)
-    one_for_one = measured(catalog)
+    one_for_one = measured(catalog, policy=dataclasses.replace(PolicyConfig(), token_rate_by_value=0))
     assert one_for_one._fair_rate(2) == pytest.approx(4 / 2.82 / 2, rel=1e-12)
 
 
 def test_the_choices_are_zero_or_one():
-    for name in ("token_rate_by_value", "prompt_chunk_share"):
+    for name in ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence"):
         with pytest.raises(ValueError, match=f"{name} must be 0 or 1"):
             dataclasses.replace(PolicyConfig(), **{name: 2})
-    assert PolicyConfig().prompt_chunk_share == 1 and PolicyConfig().token_rate_by_value == 0
+    # every derived choice is the default (docs/scheduling-utility.md, "Departures from the spec")
+    default = PolicyConfig()
+    assert (default.token_rate_by_value, default.prompt_chunk_share, default.prefill_defers_decode,
+            default.age_price_by_cadence) == (1, 1, 1, 1)
+    # the throughput preset drops the cadence preferences (its c is 0) and keeps the token accounting
+    fast = PolicyConfig.preset("throughput")
+    assert (fast.token_rate_by_value, fast.age_price_by_cadence, fast.prefill_defers_decode) == (1, 0, 0)
 
 
 def test_simulation_traces_set_the_choices_and_refuse_other_values():
@@ -162,3 +168,11 @@ def test_prefill_times_chunk_long_prompts_with_the_most_efficient_program():
     assert times.ms(1024) == pytest.approx(4 * 22.0)  # four P256 beat the one P1024 that holds them
     assert times.ms(2048 + 10) == pytest.approx(8 * 22.0 + 16.3)
     assert times.ms(200) == 22.0
+
+
+def test_configure_policy_applies_the_new_choices():
+    """A policy set after construction (``configure_policy``) takes its price-flow choices with it."""
+    s = measured(WITH_MIXED)
+    assert (s._prompt_weight, s._by_cadence) == (1.0 / 64.0, True)  # the defaults, with a mixed program
+    s.configure_policy(dataclasses.replace(PolicyConfig(), token_rate_by_value=0, age_price_by_cadence=0))
+    assert (s._prompt_weight, s._by_cadence) == (1.0, False)
