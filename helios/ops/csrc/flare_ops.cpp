@@ -159,9 +159,9 @@ void write_kv(at::Tensor k_cache, at::Tensor v_cache, int64_t layer, const at::T
 // kQueryTile tokens that share those reads; each query's sums are the same whichever tile it sits in.
 //
 // Summation order is fixed per query: a score is one dim-long dot product (16 lanes, then the lanes
-// added in one fixed order), the softmax normaliser adds the exponentials in position order, and the
-// weighted sum of values adds positions in order into 16-lane accumulators. So a row's output does
-// not depend on which other rows share the call (nor on the thread that runs it).
+// added in one fixed order), the softmax normaliser adds the exponentials in the same 16-lane order
+// over positions, and the weighted sum of values adds positions in order into 16-lane accumulators.
+// So a row's output does not depend on which other rows share the call (nor on the thread that runs it).
 constexpr int64_t kQueryTile = 16;
 
 #if defined(__AVX512F__)
@@ -189,6 +189,52 @@ inline void axpy(float p, const float* v, float* acc, int64_t n) {
     const __mmask16 m = tail_mask(n - d);
     _mm512_mask_storeu_ps(acc + d, m, _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, v + d), _mm512_maskz_loadu_ps(m, acc + d)));
   }
+}
+// exp(x) for 16 floats, within a few ulp for the x <= 0 a softmax uses: x = n ln2 + r with |r| <= ln2/2
+// (ln2 split in two so n ln2 is exact), e^r by its degree-7 Taylor polynomial (truncation below 1e-8
+// relative), then times 2^n by scalef, which rounds into the subnormals and to 0 as exp does (x is
+// first clamped at -104, where exp is already 0 in float, so r stays small). The same operations for
+// every lane, so a value's exponential does not depend on its neighbours.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// s[j] = exp(s[j] - top) for j < n; returns their sum (16 lanes in position order, then the lanes added).
+inline float exp_shifted(float* s, int64_t n, float top) {
+  const __m512 t = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), t));
+    _mm512_storeu_ps(s + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (j < n) {
+    const __mmask16 m = tail_mask(n - j);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), t)));
+    _mm512_mask_storeu_ps(s + j, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+#else
+inline float exp_shifted(float* s, int64_t n, float top) {
+  float sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - top));
+  return sum;
 }
 #endif
 
@@ -256,11 +302,7 @@ void attend_tile(const T* q, T* out, const T* k_layer, const T* v_layer, const i
   for (int64_t i = 0; i < count; ++i) {
     const int64_t seen = row.start + first + i + 1;
     for (int64_t h = 0; h < heads; ++h) {
-      float* s = scores + (i * heads + h) * context;
-      const float top = w.top[i * heads + h];
-      float sum = 0;
-      for (int64_t j = 0; j < seen; ++j) sum += (s[j] = std::exp(s[j] - top));
-      w.total[i * heads + h] = sum;
+      w.total[i * heads + h] = exp_shifted(scores + (i * heads + h) * context, seen, w.top[i * heads + h]);
     }
   }
   // Pass 2: the weighted sum of values, one V row at a time.
