@@ -1,7 +1,8 @@
 """Per-call time of a captured catalog's programs, as loaded and (optionally) compiled here.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/catalog_programs.py CATALOG \\
-        --programs decode_b1,spec_b1_d0_w1_p1,spec_b1_d1_w2_p2 [--compile] [--threads 1] [--repeats 30] [--context 160]
+        --programs decode_b1,spec_b1_d0_w1_p1,spec_b1_d1_w2_p2 [--compile] [--threads 1] [--repeats 30] [--context 160] \\
+        [--profile]
 
 For each program: ``loaded`` is what the engine runs (its AOTInductor package
 in a ``compile: aoti`` catalog when the program has one, else the exported
@@ -11,7 +12,10 @@ as ``compiled here``. Every row is active at ``--context`` committed tokens,
 greedy, verifying the program's full width; calls of all programs and forms
 are interleaved so load on a shared machine hits them alike. The table gives
 the median milliseconds per call and per row-token (``ms / (B x W)``), which is
-what the scheduler's value-per-time comparison of widths turns on.
+what the scheduler's value-per-time comparison of widths turns on. ``--profile``
+then prints, for each loaded program, ``torch.profiler``'s top entries of a few
+calls (the ``flare::`` kernels, ATen calls the compiled code makes, and the
+compiled code's own loops as what is left of the call's time).
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--context", type=int, default=160)
+    parser.add_argument("--profile", action="store_true", help="profile each loaded program after timing")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     catalog = load(args.catalog, trust=True)
@@ -108,6 +113,31 @@ def main() -> None:
     for (program_id, form), value in ms.items():
         g = graphs[program_id]
         print(f"{program_id:28s} {form:20s} {value:8.2f} {value / (g.batch_capacity * max(g.width, 1)):9.3f}")
+    if args.profile:
+        for (program_id, form), program in forms.items():
+            if form.startswith("loaded"):
+                profile(program_id, program, inputs[program_id], state, args.context)
+
+
+def profile(program_id: str, program, inputs: dict, state: dict, context: int, calls: int = 5) -> None:
+    """Where one program's time goes: the profiler's top entries over ``calls`` calls, and the share of the
+    calls' time that no profiled op accounts for (the compiled code's own loops)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    wall = 0.0
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof, torch.no_grad():
+        for _ in range(calls):
+            state["seq_lens"].fill_(context)
+            state["pending"].fill_(7)
+            started = time.perf_counter()
+            program(**inputs, **state)
+            wall += time.perf_counter() - started
+    events = prof.key_averages()
+    ops = sum(e.self_cpu_time_total for e in events if not e.key.startswith("aten::fill_")) / calls / 1e3
+    wall_ms = wall / calls * 1e3
+    print(f"\n{program_id}: {wall_ms:.2f} ms per call under the profiler, {ops:.2f} ms in profiled ops, "
+          f"{max(wall_ms - ops, 0):.2f} ms ({max(1 - ops / wall_ms, 0):.0%}) in the compiled code's own loops")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 if __name__ == "__main__":

@@ -327,3 +327,95 @@ def test_linear_passes_opcheck_and_refuses_a_wrong_shape():
     for kernel in (torch.ops.flare.linear, linear.linear):
         with pytest.raises(ValueError, match="does not fit weight"):
             kernel(torch.randn(3, 31), weight)
+
+
+# Model-shaped attention: Qwen3-0.6B's heads (16 query heads over 8 KV heads of 128) and a head size with a
+# tail past the 16-wide lanes (40, four query heads per KV head); pages of 16 positions, so contexts end
+# inside a page; prefill rows longer than the native kernel's tile of 16 queries.
+ATTENTION_SHAPES = [(16, 8, 128, 16), (8, 2, 40, 16), (4, 4, 24, 5)]  # heads, kv_heads, dim, page_size
+
+
+def _attention_case(shape, rows, seed: int):
+    """Random caches, a scattered page table, and one frame: rows as (start, length), each in its own slot."""
+    heads, kv_heads, dim, page = shape
+    gen = torch.Generator().manual_seed(seed)
+    max_pages = max(-(-(s + n) // page) for s, n in rows) + 1
+    slots = len(rows) + 2
+    num_pages = slots * max_pages + 3
+    k_cache = torch.randn(2, num_pages, page, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(2, num_pages, page, kv_heads, dim, generator=gen)
+    page_table = torch.randperm(num_pages, generator=gen)[: slots * max_pages].view(slots, max_pages).int()
+    row_slots = torch.randperm(slots, generator=gen)[: len(rows)].int()
+    start = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+    query_lens = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    q = torch.randn(int(query_lens.sum()) + 2, heads, dim, generator=gen)
+    return q, k_cache, v_cache, page_table, row_slots, query_lens, start
+
+
+def _float64_attention(q, k_cache, v_cache, layer, page_table, row_slots, query_lens, start, scale):
+    """The same attention in float64 from the cache positions each row's slot addresses (GQA by repetition)."""
+    page = k_cache.shape[2]
+    out, offset = torch.zeros(q.shape, dtype=torch.float64), 0
+    for slot, length, s in zip(row_slots.tolist(), query_lens.tolist(), start.tolist()):
+        positions = torch.arange(s + length)
+        pages = page_table[slot].long()[positions // page]
+        k = k_cache[layer, pages, positions % page].double()
+        v = v_cache[layer, pages, positions % page].double()
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[offset:offset + length].double(), k) * scale
+        allowed = positions[None, :] <= torch.arange(s, s + length)[:, None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[offset:offset + length] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+        offset += length
+    return out
+
+
+ATTENTION_ROWS = [
+    [(159, 1)],  # one decode row whose context ends inside its last page
+    [(159, 1), (0, 1), (31, 1), (16, 1), (47, 1)],  # decode rows of several lengths, page boundaries on both sides
+    [(0, 37), (5, 1), (11, 20)],  # prefill rows beyond one tile of queries, beside a decode row
+    [(64, 16), (3, 17)],  # a full tile, and a tile plus one query
+]
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
+@pytest.mark.parametrize("rows", ATTENTION_ROWS)
+def test_paged_attention_matches_float64_on_model_shapes(shape, rows, flare):
+    """Each row's output is the exact (float64) causal attention over its slot's pages, within the bound of
+    the float32 arithmetic: a dim-long dot product, then the softmax normaliser and the weighted sum of values
+    over at most the row's context."""
+    case = _attention_case(shape, rows, seed=sum(shape) + len(rows))
+    scale = 1 / math.sqrt(shape[2])
+    got = flare.paged_attention(*case[:3], 1, *case[3:], scale)
+    want = _float64_attention(*case[:3], 1, *case[3:], scale)
+    context = max(s + n for s, n in rows)
+    tolerance = chain_tolerance(torch.float32, [shape[2], context, context])
+    used = sum(n for _, n in rows)
+    assert_close_paths(got[:used], want[:used].float(), tolerance, f"{shape} {rows}")
+    assert torch.all(got[used:] == 0), "unused packed capacity must stay zero"
+
+
+@pytest.mark.skipif(kernels.active() != "native", reason="the Python kernel batches each row's heads through bmm")
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES[:2])
+def test_paged_attention_rows_do_not_depend_on_the_batch(shape):
+    """A row's attention is bitwise the same alone or beside other rows, and a prefill row's query is bitwise
+    what that query gives as a one-token row at its position: the kernel sums in a fixed order per query, so a
+    stream's output does not change with the streams beside it or with how its prompt was split into frames."""
+    rows = [(0, 37), (159, 1), (11, 20), (47, 1)]
+    q, k_cache, v_cache, page_table, row_slots, query_lens, start = _attention_case(shape, rows, seed=3)
+    scale = 1 / math.sqrt(shape[2])
+    together = torch.ops.flare.paged_attention(q, k_cache, v_cache, 0, page_table, row_slots, query_lens, start, scale)
+    offset = 0
+    for r, (s, n) in enumerate(rows):
+        one = lambda x: x[r:r + 1]  # noqa: E731
+        alone = torch.ops.flare.paged_attention(q[offset:offset + n], k_cache, v_cache, 0, page_table,
+                                                one(row_slots), one(query_lens), one(start), scale)
+        assert torch.equal(alone, together[offset:offset + n]), f"row {r} alone"
+        for i in (0, n // 2, n - 1):  # the first query, one in the middle (another tile when n > 16), the last
+            single = torch.ops.flare.paged_attention(
+                q[offset + i:offset + i + 1], k_cache, v_cache, 0, page_table, one(row_slots),
+                torch.ones(1, dtype=torch.int32), torch.tensor([s + i], dtype=torch.int32), scale)
+            assert torch.equal(single[0], together[offset + i]), f"row {r} query {i} as a one-token row"
+        offset += n

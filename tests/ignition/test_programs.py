@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from flare_contract.graphs import GraphDescriptor, GraphKind
 from ignition.models.programs import ProgramSpec, StateLayout, build_program
 from ignition.models.qwen3 import PagedBatch, Qwen3, Qwen3Config
-from ignition.models.sampling import sample
+from ignition.models.sampling import exponential_noise, filter_top_k_top_p, sample
 from numerics import assert_close_paths, assert_states_close, assert_tokens_match, qwen3_tolerance, recorded_decisions
 from speculation_harness import row_columns
 
@@ -288,6 +288,32 @@ def test_top_k_one_is_greedy_and_samples_stay_in_the_top_k():
     for seed in range(20):
         drawn = sample(logits, ones * 2, ones.int() * 5, ones, torch.full((3,), seed), positions)
         assert (top5 == drawn[..., None]).any(-1).all()
+
+
+def test_greedy_rows_beside_sampled_ones_change_no_draw():
+    """A frame mixing greedy and sampled rows: each sampled row's token is its exponential-race draw from its own
+    filtered distribution (temperature, top-k, top-p, min-p), as it is alone in a frame, and each greedy row takes
+    the argmax. (Greedy rows reach the filter's sort as a constant row; that must not leak into a sampled row.)"""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 2, 64, generator=gen) * 3
+    positions = torch.arange(10).view(5, 2) + 40
+    temperature = torch.tensor([0.0, 0.8, 0.0, 1.3, 2.0])
+    top_k, top_p = torch.tensor([0, 0, 3, 7, 0], dtype=torch.int32), torch.tensor([1.0, 0.9, 1.0, 0.95, 1.0])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05])
+    for seed in range(8):
+        seeds = torch.arange(5) * 1000 + seed
+        got = sample(logits, temperature, top_k, top_p, seeds, positions, min_p)
+        for b in range(5):
+            if temperature[b] == 0:
+                assert torch.equal(got[b], logits[b].argmax(-1)), f"greedy row {b}"
+                continue
+            one = slice(b, b + 1)
+            probs = filter_top_k_top_p(logits[one] / temperature[one, None, None], top_k[one], top_p[one],
+                                       min_p[one]).softmax(-1)
+            want = (probs / exponential_noise(seeds[one], positions[one], 64)).argmax(-1)[0]
+            assert torch.equal(got[b], want), f"sampled row {b}, seed {seed}"
+            alone = sample(logits[one], temperature[one], top_k[one], top_p[one], seeds[one], positions[one], min_p[one])
+            assert torch.equal(alone[0], got[b]), f"sampled row {b} alone"
 
 
 def test_padded_vocabulary_ids_are_never_produced():

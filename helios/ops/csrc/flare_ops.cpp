@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -148,56 +149,179 @@ void write_kv(at::Tensor k_cache, at::Tensor v_cache, int64_t layer, const at::T
   });
 }
 
-// Dot product with 16 independent lanes: the compiler vectorizes it without reassociating one sum.
+// ---- flare::paged_attention ----
+//
+// One pass over a row's cached tokens serves every query head: for each cached position the whole
+// K row (all KV heads, contiguous in the cache) is read once and dotted with the query heads of each
+// KV head's group, then, after the softmax, the whole V row is read once and added into every query
+// head's accumulator. Positions are walked page by page (each page holds page_size contiguous rows),
+// and only up to each query's causal end. The queries of a prefill row go through in tiles of
+// kQueryTile tokens that share those reads; each query's sums are the same whichever tile it sits in.
+//
+// Summation order is fixed per query: a score is one dim-long dot product (16 lanes, then the lanes
+// added in one fixed order), the softmax normaliser adds the exponentials in the same 16-lane order
+// over positions, and the weighted sum of values adds positions in order into 16-lane accumulators.
+// So a row's output does not depend on which other rows share the call (nor on the thread that runs it).
+constexpr int64_t kQueryTile = 16;
+
+#if defined(__AVX512F__)
+inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
+
+// sum_d a[d] * b[d]
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+  if (d < n) {
+    const __mmask16 m = tail_mask(n - d);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// acc[d] += p * v[d]
+inline void axpy(float p, const float* v, float* acc, int64_t n) {
+  const __m512 pv = _mm512_set1_ps(p);
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16)
+    _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc + d)));
+  if (d < n) {
+    const __mmask16 m = tail_mask(n - d);
+    _mm512_mask_storeu_ps(acc + d, m, _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, v + d), _mm512_maskz_loadu_ps(m, acc + d)));
+  }
+}
+// exp(x) for 16 floats, within a few ulp for the x <= 0 a softmax uses: x = n ln2 + r with |r| <= ln2/2
+// (ln2 split in two so n ln2 is exact), e^r by its degree-7 Taylor polynomial (truncation below 1e-8
+// relative), then times 2^n by scalef, which rounds into the subnormals and to 0 as exp does (x is
+// first clamped at -104, where exp is already 0 in float, so r stays small). The same operations for
+// every lane, so a value's exponential does not depend on its neighbours.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// s[j] = exp(s[j] - top) for j < n; returns their sum (16 lanes in position order, then the lanes added).
+inline float exp_shifted(float* s, int64_t n, float top) {
+  const __m512 t = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), t));
+    _mm512_storeu_ps(s + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (j < n) {
+    const __mmask16 m = tail_mask(n - j);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), t)));
+    _mm512_mask_storeu_ps(s + j, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+#else
+inline float exp_shifted(float* s, int64_t n, float top) {
+  float sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - top));
+  return sum;
+}
+#endif
+
+// Portable forms (and the only ones for half and bfloat16 caches): the same 16-lane order, left to
+// the compiler to vectorize; arithmetic in float whatever the storage type.
 template <typename T>
 inline float dot(const T* a, const T* b, int64_t n) {
   float lanes[16] = {0};
   int64_t d = 0;
   for (; d + 16 <= n; d += 16)
     for (int l = 0; l < 16; ++l) lanes[l] += static_cast<float>(a[d + l]) * static_cast<float>(b[d + l]);
+  for (int l = 0; d < n; ++d, ++l) lanes[l] += static_cast<float>(a[d]) * static_cast<float>(b[d]);
   float sum = 0;
-  for (; d < n; ++d) sum += static_cast<float>(a[d]) * static_cast<float>(b[d]);
   for (int l = 0; l < 16; ++l) sum += lanes[l];
   return sum;
 }
 
-// One row: each query attends causally over the row's committed context plus the row's tokens up to itself.
-// A KV head serves its group of query heads, so each cached key and value is read once per query.
 template <typename T>
-void attend_row(const T* q, T* out, const T* k_layer, const T* v_layer, const int64_t* pages,
-                const Row& row, int64_t heads, int64_t kv_heads, int64_t dim, int64_t page_size, float scale) {
-  const int64_t group = heads / kv_heads, token = kv_heads * dim;
-  std::vector<float> scores(group * row.end()), acc(group * dim);
-  for (int64_t i = 0; i < row.length; ++i) {
-    const int64_t context = row.start + i + 1;
-    const T* qi = q + (row.offset + i) * heads * dim;
-    for (int64_t g = 0; g < kv_heads; ++g) {
-      for (int64_t j = 0; j < context; ++j) {
-        const int64_t at = (pages[j / page_size] * page_size + j % page_size) * token + g * dim;
-        for (int64_t h = 0; h < group; ++h) scores[h * context + j] = dot(qi + (g * group + h) * dim, k_layer + at, dim) * scale;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      std::vector<float> total(group);
-      for (int64_t h = 0; h < group; ++h) {
-        float* s = scores.data() + h * context;
-        const float top = *std::max_element(s, s + context);
-        float sum = 0;
-        for (int64_t j = 0; j < context; ++j) sum += (s[j] = std::exp(s[j] - top));
-        total[h] = sum;
-      }
-      for (int64_t j = 0; j < context; ++j) {
-        const T* vj = v_layer + (pages[j / page_size] * page_size + j % page_size) * token + g * dim;
-        for (int64_t h = 0; h < group; ++h) {
-          const float p = scores[h * context + j];
-          float* a = acc.data() + h * dim;
-          for (int64_t d = 0; d < dim; ++d) a[d] += p * static_cast<float>(vj[d]);
-        }
-      }
-      for (int64_t h = 0; h < group; ++h) {
-        T* o = out + (row.offset + i) * heads * dim + (g * group + h) * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[h * dim + d] / total[h]);
+inline void axpy(float p, const T* v, float* acc, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) acc[d] += p * static_cast<float>(v[d]);
+}
+
+// Work space of one thread, sized once per call for the longest row: scores [tile, heads, context]
+// and accumulators [tile, heads, dim], plus each (query, head)'s running maximum and normaliser.
+struct AttentionScratch {
+  std::vector<float> scores, acc, top, total;
+  AttentionScratch(int64_t tile, int64_t heads, int64_t context, int64_t dim)
+      : scores(tile * heads * context), acc(tile * heads * dim), top(tile * heads), total(tile * heads) {}
+};
+
+struct AttentionShape {
+  int64_t heads, kv_heads, dim, page_size;
+  float scale;
+  int64_t group() const { return heads / kv_heads; }
+  int64_t token() const { return kv_heads * dim; }  // values per cached position
+};
+
+// Queries first..first+count-1 of one row (query i sees positions 0..row.start+i) over the paged cache.
+template <typename T>
+void attend_tile(const T* q, T* out, const T* k_layer, const T* v_layer, const int64_t* pages, const Row& row,
+                 int64_t first, int64_t count, const AttentionShape& a, AttentionScratch& w) {
+  const int64_t heads = a.heads, group = a.group(), dim = a.dim, token = a.token(), page_size = a.page_size;
+  const int64_t context = row.start + first + count;  // the tile's last query sees this many positions
+  const int64_t qh = count * heads;                   // (query, head) pairs of the tile
+  const T* q0 = q + (row.offset + first) * heads * dim;
+  float* scores = w.scores.data();  // [qh, context]
+  std::fill(w.top.begin(), w.top.begin() + qh, -std::numeric_limits<float>::infinity());
+  // Pass 1: scores, one K row at a time; a position is scored for the tile's queries that see it.
+  for (int64_t block = 0, j = 0; j < context; ++block) {
+    const T* page = k_layer + pages[block] * page_size * token;
+    for (int64_t stop = std::min(context, j + page_size); j < stop; ++j) {
+      const T* kj = page + (j % page_size) * token;
+      for (int64_t i = std::max<int64_t>(0, j - row.start - first); i < count; ++i) {
+        const T* qi = q0 + i * heads * dim;
+        for (int64_t g = 0; g < a.kv_heads; ++g)
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            const float s = dot(qi + h * dim, kj + g * dim, dim) * a.scale;
+            scores[(i * heads + h) * context + j] = s;
+            w.top[i * heads + h] = std::max(w.top[i * heads + h], s);
+          }
       }
     }
+  }
+  // Softmax numerators in place, and each normaliser summed in position order.
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t seen = row.start + first + i + 1;
+    for (int64_t h = 0; h < heads; ++h) {
+      w.total[i * heads + h] = exp_shifted(scores + (i * heads + h) * context, seen, w.top[i * heads + h]);
+    }
+  }
+  // Pass 2: the weighted sum of values, one V row at a time.
+  float* acc = w.acc.data();  // [qh, dim]
+  std::fill(acc, acc + qh * dim, 0.0f);
+  for (int64_t block = 0, j = 0; j < context; ++block) {
+    const T* page = v_layer + pages[block] * page_size * token;
+    for (int64_t stop = std::min(context, j + page_size); j < stop; ++j) {
+      const T* vj = page + (j % page_size) * token;
+      for (int64_t i = std::max<int64_t>(0, j - row.start - first); i < count; ++i)
+        for (int64_t g = 0; g < a.kv_heads; ++g)
+          for (int64_t h = g * group; h < (g + 1) * group; ++h)
+            axpy(scores[(i * heads + h) * context + j], vj + g * dim, acc + (i * heads + h) * dim, dim);
+    }
+  }
+  T* o = out + (row.offset + first) * heads * dim;
+  for (int64_t p = 0; p < qh; ++p) {
+    const float inv = 1.0f / w.total[p];
+    for (int64_t d = 0; d < dim; ++d) o[p * dim + d] = static_cast<T>(acc[p * dim + d] * inv);
   }
 }
 
@@ -210,21 +334,40 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   TORCH_CHECK_VALUE(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
                     "paged_attention: q, k_cache and v_cache must share a dtype");
   TORCH_CHECK_INDEX(0 <= layer && layer < k_cache.size(0), "layer ", layer, " outside the cache's ", k_cache.size(0));
-  const int64_t heads = q.size(1), dim = q.size(2), kv_heads = k_cache.size(3), page_size = k_cache.size(2);
-  TORCH_CHECK_VALUE(heads % kv_heads == 0 && k_cache.size(4) == dim, "paged_attention: q heads/dim do not fit the cache");
+  const AttentionShape shape{q.size(1), k_cache.size(3), q.size(2), k_cache.size(2), static_cast<float>(scale)};
+  TORCH_CHECK_VALUE(shape.kv_heads > 0 && shape.heads % shape.kv_heads == 0 && k_cache.size(4) == shape.dim &&
+                        v_cache.sizes() == k_cache.sizes(),
+                    "paged_attention: q heads/dim do not fit the cache");
   at::Tensor qc = q.contiguous();
   at::Tensor out = at::zeros_like(qc);
   auto rows = active_rows(row_slots, query_lens, start_pos);
   const PageTable table(page_table);
   std::vector<const int64_t*> pages;
-  for (const Row& row : rows) pages.push_back(row_pages(table, page_size, k_cache.size(1), row, 0, row.end()));
-  const int64_t layer_size = k_cache.size(1) * page_size * kv_heads * dim;
+  int64_t longest = 0;
+  for (const Row& row : rows) {
+    TORCH_CHECK_VALUE(row.offset + row.length <= q.size(0), "row ", row.row, ": packed tokens ", row.offset, "..",
+                      row.offset + row.length - 1, " outside q's ", q.size(0));
+    pages.push_back(row_pages(table, shape.page_size, k_cache.size(1), row, 0, row.end()));
+    longest = std::max(longest, row.end());
+  }
+  if (rows.empty()) return out;
+  const int64_t layer_size = k_cache.size(1) * shape.page_size * shape.token();
+  const int64_t tile = std::min<int64_t>(kQueryTile, std::max_element(rows.begin(), rows.end(), [](auto& x, auto& y) {
+                                                       return x.length < y.length;
+                                                     })->length);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "flare::paged_attention", [&] {
     const scalar_t* kl = k_cache.data_ptr<scalar_t>() + layer * layer_size;
     const scalar_t* vl = v_cache.data_ptr<scalar_t>() + layer * layer_size;
-    for (size_t r = 0; r < rows.size(); ++r)
-      attend_row<scalar_t>(qc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), kl, vl, pages[r], rows[r], heads,
-                           kv_heads, dim, page_size, static_cast<float>(scale));
+    const scalar_t* qp = qc.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    // Rows are independent: with several intra-op threads each takes a share, with its own work space.
+    at::parallel_for(0, static_cast<int64_t>(rows.size()), 1, [&](int64_t begin, int64_t end) {
+      AttentionScratch scratch(tile, shape.heads, longest, shape.dim);
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t first = 0; first < rows[r].length; first += tile)
+          attend_tile<scalar_t>(qp, op, kl, vl, pages[r], rows[r], first, std::min(tile, rows[r].length - first),
+                                shape, scratch);
+    });
   });
   return out;
 }
