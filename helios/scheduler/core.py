@@ -32,7 +32,7 @@ API additions beyond DESIGN.md (additive; nothing renamed or removed):
 - ``track_draft_state()`` (before the first admission) and ``draft_current(h)``:
   with ordinary decode loaded beside learned rounds (the engine's "plain"
   adaptive floor), a request an ordinary frame ran is never offered a learned
-  round again (docs/scheduling-utility.md, "Departures from the spec", item 4).
+  round again (docs/scheduling-utility.md, "Departures from the spec", item 5).
 
 Funded exploration (docs/exploration.md, last section): ordinary completions earn
 credit; with full credit and an empty queue, ``plan`` may replace its measured
