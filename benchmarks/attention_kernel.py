@@ -17,24 +17,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 
 import torch
 
 import helios.ops  # noqa: F401  (installs the flare:: kernels)
+from benchmarks.linear_kernel import median_ms
 from helios.ops import kernels
 
 PAGE = 16
-
-
-def median_ms(call, repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[repeats // 2] * 1e3
 
 
 def float64_attention(q, k_cache, v_cache, layer, page_table, slots, context, scale):

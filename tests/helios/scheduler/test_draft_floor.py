@@ -37,6 +37,14 @@ def kinds_for(driver: Driver, handle) -> list[str]:
             if any(lane.handle == handle and lane.phase is LanePhase.DECODE for lane in e.plan.lanes)]
 
 
+def now_pays(sched, durations, graph, ms: float = 12.0) -> None:
+    """``graph`` now takes ``ms`` (2 tokens in 12 ms against plain decode's 1 in 10), and the scheduler's
+    median of nine has seen only that."""
+    durations[graph] = ms
+    for _ in range(9):
+        sched.observe_duration(graph.id, int(ms * MS))
+
+
 def test_ordinary_decode_and_mixed_skip_draft_absorption_and_nothing_else_does():
     assert skips_draft_absorption(DECODE) and skips_draft_absorption(mixed(2, 64))
     assert not any(skips_draft_absorption(g) for g in (PREFILL, TWIN, LEARNED, COPY, mixed(2, 64, 2, 1)))
@@ -56,9 +64,7 @@ def test_a_row_that_ran_an_ordinary_frame_is_never_offered_a_learned_round_again
     assert kinds_for(driver, stale)[:2] == [DECODE.id, DECODE.id]
     assert not sched.draft_current(stale)
     # now the learned round pays for anyone whose draft is current: 2 tokens in 12 ms against 1 in 10
-    durations[LEARNED] = 12.0
-    for _ in range(9):
-        sched.observe_duration(LEARNED.id, 12 * MS)
+    now_pays(sched, durations, LEARNED)
     before = len(kinds_for(driver, stale))
     driver.run(200)
     later = kinds_for(driver, stale)[before:]
@@ -80,9 +86,7 @@ def test_copy_rounds_read_no_draft_and_stay_open_to_a_row_behind():
     driver.run(3)
     assert not sched.draft_current(handle)
     for graph in (LEARNED, COPY):
-        durations[graph] = 12.0
-        for _ in range(9):
-            sched.observe_duration(graph.id, 12 * MS)
+        now_pays(sched, durations, graph)
     before = len(kinds_for(driver, handle))
     driver.run(200)
     later = kinds_for(driver, handle)[before:]
@@ -113,9 +117,7 @@ def test_without_draft_tracking_every_program_counts_as_draft_keeping():
     sched.seed_acceptance(handle, "learned", SURE)
     driver.run(3)
     assert sched.draft_current(handle)
-    for _ in range(9):
-        sched.observe_duration(LEARNED.id, 12 * MS)
-    durations[LEARNED] = 12.0
+    now_pays(sched, durations, LEARNED)
     driver.run(200)
     assert LEARNED.id in kinds_for(driver, handle)
 
