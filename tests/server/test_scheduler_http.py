@@ -348,11 +348,13 @@ def test_V5_decode_streams(server, count):
     for i, stream in enumerate(streams):
         stream.check(tokens_in(f"Stream {i} says:"), DECODE)
     deltas = report(server, f"{count} decode streams", streams, before)
-    # off: ordinary decode only; fixed and adaptive: draft-keeping programs only (Y3)
-    generating = ("speculative/",) if server.mode != "off" else ("decode/",)
+    # off: ordinary decode only; fixed: draft-keeping programs only (Y3); adaptive's default plain floor
+    # (--adaptive-floor, a departure from Y3: docs/scheduling-utility.md, item 5) keeps both and picks by
+    # measured cost, so either may run (the draft floor's Y3 check is in tests/helios/test_load_selection.py)
+    generating = {"off": ("decode/",), "fixed": ("speculative/",)}.get(server.mode, ("speculative/", "decode/"))
     assert sum(n for key, n in deltas.items() if key.startswith(generating)) >= 1
-    other = "speculative/" if server.mode == "off" else "decode/"
-    assert not any(key.startswith(other) for key in deltas), deltas
+    other = {"off": "speculative/", "fixed": "decode/"}.get(server.mode)
+    assert other is None or not any(key.startswith(other) for key in deltas), deltas
     rounds = speculative_deltas(before, metrics(server))
     print(f"  speculative rounds/drafts/accepted by source: {rounds}")
     if server.mode == "fixed":  # one verification width, the widest: every round offers drafts
