@@ -484,8 +484,23 @@ inline void linear_panel(const float* x, int64_t M, int64_t K, const float* w, i
                          const float* bias) {
   const float* wn = w + n0 * K;
   const float* bn = bias ? bias + n0 : nullptr;
+  // Several input-row blocks reuse this panel from L1 while memory sits idle: ask for the next panel's
+  // cache lines now, spread over those blocks, so its read overlaps this panel's arithmetic.
+  const char* next = reinterpret_cast<const char*>(w + (N < n0 + 2 * NB ? N : n0 + 2 * NB) * K);
+  const char* next_end = reinterpret_cast<const char*>(w + (N < n0 + 3 * NB ? N : n0 + 3 * NB) * K);
+  const int64_t blocks = (M + 3) / 4;
+  const int64_t lines = next_end > next ? (next_end - next + 63) / 64 : 0;
+  const int64_t per_block = blocks ? (lines + blocks - 1) / blocks : 0;
+  int64_t issued = 0;
+  auto prefetch_share = [&]() {
+    for (int64_t i = 0; i < per_block && issued < lines; ++i, ++issued) __builtin_prefetch(next + issued * 64, 0, 3);
+  };
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) linear_block<4, NB>(x + m * K, K, wn, K, out + m * N + n0, N, bn);
+  for (; m + 4 <= M; m += 4) {
+    prefetch_share();
+    linear_block<4, NB>(x + m * K, K, wn, K, out + m * N + n0, N, bn);
+  }
+  prefetch_share();
   switch (M - m) {
     case 3: linear_block<3, NB>(x + m * K, K, wn, K, out + m * N + n0, N, bn); break;
     case 2: linear_block<2, NB>(x + m * K, K, wn, K, out + m * N + n0, N, bn); break;
