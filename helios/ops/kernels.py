@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from flare_contract.cli import BadInput
-from helios.ops import attention, kv_cache, linear, slot_state
+from helios.ops import attention, kv_cache, linear, sampling, slot_state
 
 ENV = "FLARE_OPS_KERNELS"
 CHOICES = ("auto", "native", "python")
@@ -42,6 +42,7 @@ _PYTHON_KERNELS = {
     "write_slot_state": slot_state.write_slot_state,
     "write_token_history": slot_state.write_token_history,
     "linear": linear.linear,
+    "sample": sampling.sample,
 }
 # ops with no native kernel yet: the Python one serves under either choice
 _PYTHON_ONLY: dict = {}

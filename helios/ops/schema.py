@@ -24,6 +24,10 @@ SCHEMAS = {
     # x [..., in] @ weight[out, in]^T (+ bias): the model's matrix products, so small-M decode steps can use a
     # kernel that streams each weight once (native) while prefill keeps ATen's GEMM.
     "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
+    # tokens [B, W] from processed logits [B, W, V]: greedy rows argmax, sampled rows the exponential race
+    # (helios.ops.sampling), so the filter and the noise follow the rows that sample.
+    "sample": "sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
+              "Tensor positions, Tensor? min_p=None) -> Tensor",
 }
 
 _LIBRARY = torch.library.Library("flare", "DEF")  # kept alive for the process: dropping it removes the ops
@@ -54,3 +58,8 @@ def _(token_counts, prompt_seen, row_slots, query_lens, new_counts, new_seen) ->
 @torch.library.register_fake("flare::linear", lib=_LIBRARY)
 def _(x, weight, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("flare::sample", lib=_LIBRARY)
+def _(logits, temperature, top_k, top_p, seed, positions, min_p=None):
+    return logits.new_empty(logits.shape[:-1], dtype=torch.int64)

@@ -17,7 +17,7 @@ from helios.ops.layout import NO_PAGE
 from numerics import assert_close_paths, chain_tolerance
 
 import helios.ops  # noqa: F401  (registers flare::)
-from helios.ops import attention, kernels, kv_cache, linear, slot_state
+from helios.ops import attention, kernels, kv_cache, linear, sampling, slot_state
 
 LAYERS, PAGES, PAGE, KV_HEADS, HEADS, DIM = 2, 24, 4, 2, 4, 8
 SLOTS, MAX_PAGES = 4, 6
@@ -419,3 +419,51 @@ def test_paged_attention_rows_do_not_depend_on_the_batch(shape):
                 torch.ones(1, dtype=torch.int32), torch.tensor([s + i], dtype=torch.int32), scale)
             assert torch.equal(single[0], together[offset + i]), f"row {r} query {i} as a one-token row"
         offset += n
+
+
+def _whole_batch_sample(logits, temperature, top_k, top_p, seed, positions, min_p):
+    """What the programs computed before flare::sample: every row filtered and drawn, greedy rows' draws
+    thrown away (the oracle: a row's token must not depend on whether the other rows sample)."""
+    scaled = logits / temperature.clamp(min=1e-5)[:, None, None]
+    probs = sampling.filter_top_k_top_p(scaled, top_k, top_p, min_p).softmax(-1)
+    drawn = (probs / sampling.exponential_noise(seed, positions, logits.shape[-1])).argmax(-1)
+    return torch.where(temperature[:, None] > 0, drawn, logits.argmax(-1))
+
+
+def _sampling_case(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    batch, width, vocab = 1 + seed % 5, 1 + seed % 3, 37 + 11 * seed
+    logits = torch.randn(batch, width, vocab, generator=gen) * 3
+    logits[0, 0, seed % vocab] = float("-inf")  # a banned token (logit bias) stays banned
+    sampled = torch.rand(batch, generator=gen) < 0.6
+    temperature = torch.where(sampled, 0.2 + 1.5 * torch.rand(batch, generator=gen), 0.0)
+    top_k = torch.randint(0, 8, (batch,), generator=gen).int()
+    top_p = torch.where(torch.rand(batch, generator=gen) < 0.5, 1.0, 0.3 + 0.6 * torch.rand(batch, generator=gen))
+    min_p = torch.where(torch.rand(batch, generator=gen) < 0.5, 0.0, 0.2 * torch.rand(batch, generator=gen))
+    seeds = torch.randint(0, 2**62, (batch,), generator=gen)
+    positions = torch.randint(0, 4096, (batch, width), generator=gen)
+    return logits, temperature, top_k, top_p, seeds, positions, min_p
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("seed", range(16))
+def test_sample_follows_the_rows_and_draws_what_the_whole_batch_formula_draws(seed):
+    """Greedy rows take the argmax; sampled rows draw bit for bit what filtering and drawing every row
+    did (the same ATen operations on fewer rows), in the installed kernel and the Python reference."""
+    case = _sampling_case(seed)
+    for min_p in (case[-1], None):
+        args = (*case[:-1], min_p)
+        want = _whole_batch_sample(*args)
+        assert torch.equal(torch.ops.flare.sample(*args), want), "installed kernel"
+        assert torch.equal(sampling.sample(*args), want), "Python reference"
+    greedy = case[1] <= 0
+    assert torch.equal(torch.ops.flare.sample(*case)[greedy], case[0].argmax(-1)[greedy])
+
+
+def test_sample_passes_opcheck_and_refuses_mismatched_shapes():
+    logits, temperature, top_k, top_p, seeds, positions, min_p = _sampling_case(3)
+    torch.library.opcheck(torch.ops.flare.sample.default, (logits, temperature, top_k, top_p, seeds, positions, min_p))
+    torch.library.opcheck(torch.ops.flare.sample.default, (logits, temperature, top_k, top_p, seeds, positions))
+    if kernels.active() == "native":
+        with pytest.raises(ValueError, match="flare::sample"):
+            torch.ops.flare.sample(logits[0], temperature, top_k, top_p, seeds, positions, min_p)

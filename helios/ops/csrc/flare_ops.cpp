@@ -10,6 +10,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/zeros_like.h>
@@ -536,6 +537,65 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   return out;
 }
 
+
+// ---- flare::sample: a token per position, greedy rows by argmax, sampled rows by the exponential race ----
+//
+// helios/ops/sampling.py is the reference: the same ATen operations in the same order on the sampled rows
+// only, so both kernels give the same bits. The graph used to filter (a full-vocabulary sort) and hash
+// noise for every row and then throw greedy rows' draws away; here greedy rows cost one argmax.
+constexpr int64_t kMask32 = 0xFFFFFFFFLL;
+constexpr int64_t kMix0 = 0x7FEB352DLL, kMix1 = 0x2C1B3C6DLL, kMixIds = 0x297A2D39LL;
+
+at::Tensor mix32(at::Tensor h) {
+  h = h.bitwise_xor(h.bitwise_right_shift(16));
+  h = h.mul(kMix0).bitwise_and(kMask32);
+  h = h.bitwise_xor(h.bitwise_right_shift(15));
+  h = h.mul(kMix1).bitwise_and(kMask32);
+  return h.bitwise_xor(h.bitwise_right_shift(16));
+}
+
+at::Tensor exponential_noise(const at::Tensor& seed, const at::Tensor& positions, int64_t vocab) {
+  const at::Tensor low = seed.bitwise_and(kMask32), high = seed.bitwise_right_shift(32).bitwise_and(kMask32);
+  const at::Tensor key = mix32(low.unsqueeze(1).bitwise_xor(
+      mix32(high.unsqueeze(1).bitwise_xor(mix32(positions.to(at::kLong).bitwise_and(kMask32))))));
+  const at::Tensor ids = at::arange(vocab, seed.options().dtype(at::kLong)).mul(kMixIds).bitwise_and(kMask32);
+  const at::Tensor h = mix32(key.unsqueeze(-1).bitwise_xor(mix32(ids)));
+  const at::Tensor uniform = h.bitwise_right_shift(8).to(at::kFloat).add(0.5).mul(1.0 / (1 << 24));
+  return uniform.log().neg();
+}
+
+at::Tensor filter_top_k_top_p(const at::Tensor& logits, const at::Tensor& top_k, const at::Tensor& top_p,
+                              const std::optional<at::Tensor>& min_p) {
+  auto [ordered, order] = logits.sort(-1, /*descending=*/true);
+  const at::Tensor rank = at::arange(logits.size(-1), logits.options().dtype(at::kLong));
+  const at::Tensor k = top_k.to(at::kLong).view({-1, 1, 1});
+  at::Tensor keep = k.le(0).bitwise_or(rank.lt(k));
+  const at::Tensor probs = ordered.softmax(-1);
+  keep = keep.bitwise_and(probs.cumsum(-1).sub(probs).lt(top_p.view({-1, 1, 1})));
+  if (min_p) keep = keep.bitwise_and(probs.ge(min_p->view({-1, 1, 1}).mul(probs.narrow(-1, 0, 1))));
+  const at::Tensor keep_unsorted = at::zeros_like(keep).scatter(-1, order, keep);
+  return logits.masked_fill(keep_unsorted.bitwise_not(), -std::numeric_limits<float>::infinity());
+}
+
+at::Tensor sample(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+                  const at::Tensor& top_p, const at::Tensor& seed, const at::Tensor& positions,
+                  const std::optional<at::Tensor>& min_p) {
+  TORCH_CHECK_VALUE(logits.dim() == 3 && positions.dim() == 2 && temperature.dim() == 1 &&
+                        temperature.size(0) == logits.size(0) && positions.size(0) == logits.size(0) &&
+                        positions.size(1) == logits.size(1),
+                    "flare::sample: logits [B, W, V] with temperature [B] and positions [B, W]; got ",
+                    logits.sizes(), ", ", temperature.sizes(), ", ", positions.sizes());
+  at::Tensor tokens = logits.argmax(-1);
+  const at::Tensor rows = temperature.gt(0).nonzero().flatten();
+  if (rows.numel() == 0) return tokens;
+  auto pick = [&](const at::Tensor& t) { return t.index_select(0, rows); };
+  const at::Tensor scaled = pick(logits).div(pick(temperature).clamp_min(1e-5).view({-1, 1, 1}));
+  const std::optional<at::Tensor> row_min_p = min_p ? std::optional<at::Tensor>(pick(*min_p)) : std::nullopt;
+  const at::Tensor probs = filter_top_k_top_p(scaled, pick(top_k), pick(top_p), row_min_p).softmax(-1);
+  const at::Tensor drawn = probs.div(exponential_noise(pick(seed), pick(positions), logits.size(-1))).argmax(-1);
+  return tokens.index_copy(0, rows, drawn);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flare, CPU, m) {
@@ -544,4 +604,5 @@ TORCH_LIBRARY_IMPL(flare, CPU, m) {
   m.impl("write_slot_state", &write_slot_state);
   m.impl("write_token_history", &write_token_history);
   m.impl("linear", &linear);
+  m.impl("sample", &sample);
 }
