@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
-CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence")
+CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
+                 "prompt_outside_rate")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -44,6 +45,11 @@ class PolicyConfig:
     # value per cadence interval, per cadence interval), where the catalog has a mixed program with a
     # prompt row (0, or no such program: decode_age_price alone, Y1's 0.1)
     age_price_by_cadence: int = 1
+    # 1: with ``token_rate_by_value`` (where it applies), a consumed prompt token adds nothing to x: a
+    # prompt's service counts from its first output, so concurrent prompts keep the order their waiting
+    # gave them instead of taking turns (0: 1/beta; docs/scheduling-utility.md, "Prompt service outside
+    # x"). Off by default: it trades the long-document ITL tail for their TTFT tail
+    prompt_outside_rate: int = 0
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05
@@ -74,10 +80,11 @@ class PolicyConfig:
         """What one consumed prompt token adds to the token rate x, in output tokens.
 
         1/beta with ``token_rate_by_value`` (x is value-weighted service over beta: a prompt token is
-        worth 1, an output token beta); 1 otherwise, and while beta is 0 (no value ratio to weigh by).
+        worth 1, an output token beta), 0 if ``prompt_outside_rate`` is set as well; 1 otherwise, and
+        while beta is 0 (no value ratio to weigh by).
         """
         if self.token_rate_by_value and self.output_token_value > 0:
-            return 1.0 / self.output_token_value
+            return 0.0 if self.prompt_outside_rate else 1.0 / self.output_token_value
         return 1.0
 
     @classmethod

@@ -4,7 +4,9 @@
   remaining prompt's value by prefill time, so a prompt is not split into a chunk that just fits and
   a tail of a few tokens that then waits behind decode rounds;
 - ``token_rate_by_value`` (default on): x counts a consumed prompt token as 1/beta output token, where
-  the catalog has a mixed program with a prompt row, and a newcomer starts at a batch-feasible share.
+  the catalog has a mixed program with a prompt row, and a newcomer starts at a batch-feasible share;
+- ``prompt_outside_rate`` (default off): with x by value, a consumed prompt token adds nothing to x, so
+  concurrent prompts keep their order instead of taking turns.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from sched_harness import Driver, ask, decode, measured, mixed, prefill
 
 from helios.scheduler import GraphKind, PolicyConfig
+from helios.scheduler.types import LanePhase
 from helios.scheduler.utility import PrefillTimes, prompt_chunk_value
 
 P64, P128, P256, P1024 = prefill(64), prefill(128), prefill(256), prefill(1024)
@@ -138,14 +141,56 @@ def test_by_value_start_is_a_batch_feasible_share():
     assert one_for_one._fair_rate(2) == pytest.approx(4 / 2.82 / 2, rel=1e-12)
 
 
+def test_prompt_outside_rate_leaves_a_prompting_x_to_decay():
+    """With the choice, a chunk that leaves prompt behind is no service for x: x only decays (the
+    frame's interval, nothing served); without it the chunk's 1024 / beta output-token equivalents
+    raise it."""
+    rates = {}
+    for on in (0, 1):
+        policy = dataclasses.replace(PolicyConfig(), prompt_outside_rate=on)
+        assert policy.prompt_service_weight == (0.0 if on else 1.0 / 64.0)
+        s = measured(WITH_MIXED, policy=policy)
+        d = Driver(s, WITH_MIXED)
+        h = d.admit(ask(3072, 4))
+        d.fill()  # committed: the request's history starts at its fair share
+        before = s._state(h).service.token_rate
+        executed = d.step()
+        (lane,) = executed.plan.lanes
+        assert lane.phase is LanePhase.PROMPT and not lane.finishes_prompt
+        interval = executed.end_ms - executed.start_ms
+        decay = math.exp(-interval / policy.adaptation_ms)
+        served = lane.prompt_tokens * policy.prompt_service_weight
+        assert s._state(h).service.token_rate == pytest.approx(decay * before + (1 - decay) * served / interval,
+                                                               rel=1e-12)
+        rates[on] = s._state(h).service.token_rate / (decay * before)
+    assert rates[1] == pytest.approx(1.0, rel=1e-12) and rates[0] > 1.2  # 1024 / 64 served in 17.36 ms
+
+
+def test_prompt_outside_rate_finishes_concurrent_prompts_one_after_another():
+    """Three equal 3072-token prompts admitted together, nothing decoding. Counted by value, the prompt
+    just served has the lowest congestion price, so they take turns chunk by chunk (processor sharing:
+    all three first outputs come late). With the choice their x decay alike while they prefill, the
+    order holds, and each finishes before the next starts."""
+    for on, expected in ((0, [0, 1, 2] * 3), (1, [0] * 3 + [1] * 3 + [2] * 3)):
+        s = measured(WITH_MIXED, policy=dataclasses.replace(PolicyConfig(), prompt_outside_rate=on))
+        d = Driver(s, WITH_MIXED)
+        handles = [d.admit(ask(3072, 8)) for _ in range(3)]
+        d.run(12)
+        served = [handles.index(lane.handle) for e in d.executed for lane in e.plan.lanes
+                  if lane.phase is LanePhase.PROMPT]
+        assert served == expected
+
+
 def test_the_choices_are_zero_or_one():
-    for name in ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence"):
+    for name in ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
+                 "prompt_outside_rate"):
         with pytest.raises(ValueError, match=f"{name} must be 0 or 1"):
             dataclasses.replace(PolicyConfig(), **{name: 2})
     # every derived choice is the default (docs/scheduling-utility.md, "Departures from the spec")
     default = PolicyConfig()
     assert (default.token_rate_by_value, default.prompt_chunk_share, default.prefill_defers_decode,
             default.age_price_by_cadence) == (1, 1, 1, 1)
+    assert default.prompt_outside_rate == 0  # measured, not better overall (scripts/scheduling_sim/README.md)
     # the throughput preset drops the cadence preferences (its c is 0) and keeps the token accounting
     fast = PolicyConfig.preset("throughput")
     assert (fast.token_rate_by_value, fast.age_price_by_cadence, fast.prefill_defers_decode) == (1, 0, 0)
