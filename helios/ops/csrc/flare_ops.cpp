@@ -428,10 +428,11 @@ void write_token_history(at::Tensor token_counts, at::Tensor prompt_seen, const 
 // ATen's single-thread float32 product at M = 4..16 rows ran at about half of the weights' read bandwidth
 // (docs/benchmarks.md, "The 0.6B model"): its packing copies the weight panel that a decode step reads only
 // once. Here each block of NB weight rows is streamed from memory once and multiplied against every input
-// row while it sits in L1, with MB x NB accumulators in registers. Above kSmallRows rows (prefill) ATen's
-// blocked GEMM is faster and serves the call. Each output is one K-long sum in a fixed order (16 lanes,
+// row while it sits in L1, with MB x NB accumulators in registers. That also beat ATen's GEMM at 32 and 64
+// rows (a 64-token prompt chunk: docs/benchmarks.md); above kSmallRows rows ATen's blocked GEMM serves the
+// call. Each output is one K-long sum in a fixed order (16 lanes,
 // then the lanes added), so a row's result does not depend on the other rows in the batch.
-constexpr int64_t kSmallRows = 16;
+constexpr int64_t kSmallRows = 64;
 
 #if defined(__AVX512F__)
 template <int MB, int NB>
