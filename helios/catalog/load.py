@@ -319,18 +319,22 @@ def _read_weight_set(root: Path, weight_set: WeightSet) -> dict[str, torch.Tenso
     missing = [k for k in weight_set.keys if k not in tensors]
     if missing:
         raise CatalogError(f"{root / weight_set.file}: lacks weights {missing[:5]} recorded in the manifest")
-    return {key: _aligned(tensors[key]) for key in weight_set.keys}
+    return _aligned({key: tensors[key] for key in weight_set.keys})
 
 
 # The vector kernels load whole 64-byte lines of a weight; safetensors places each tensor right after the
 # one before it (8-byte alignment), so most tensors of a mapped file straddle cache lines and every vector
-# load of them is split in two. A copy into the allocator's 64-byte-aligned memory avoids that.
+# load of them is split in two (docs/benchmarks.md, "Aligned weights and the sampling op").
 WEIGHT_ALIGNMENT = 64
 
 
-def _aligned(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` itself where its data starts on a 64-byte boundary, else an aligned copy."""
-    return tensor if tensor.data_ptr() % WEIGHT_ALIGNMENT == 0 else tensor.clone(memory_format=torch.contiguous_format)
+def _aligned(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same tensors, each starting on a 64-byte boundary: where one of the file's does not, all are
+    copied into the allocator's aligned memory, so no view keeps the file's mapping (and its pages) alive
+    beside the copies."""
+    if all(t.data_ptr() % WEIGHT_ALIGNMENT == 0 for t in tensors.values()):
+        return tensors
+    return {key: t.clone(memory_format=torch.contiguous_format) for key, t in tensors.items()}
 
 
 class _SchemaTypeHints:
