@@ -1,7 +1,7 @@
 """``flare::linear``, Python reference kernel: the model's matrix products.
 
 The native kernel (csrc/flare_ops.cpp) streams each weight once for the few
-rows of a decode step or a 64-token prompt chunk and calls ATen's GEMM above 64 rows; this one is ATen
+rows of a decode step or a prompt chunk of up to 256 tokens and calls ATen's GEMM above 256 rows; this one is ATen
 throughout, with the same shape check.
 """
 

@@ -289,10 +289,10 @@ def test_native_kernels_that_cannot_be_built_are_one_clear_error(tmp_path, monke
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 17, 40, 64, 65])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 17, 40, 256, 257])
 @pytest.mark.parametrize("inner, outer", [(64, 9), (100, 13), (384, 4)])
 def test_linear_matches_a_float64_product(rows, inner, outer):
-    """flare::linear is x @ weight.T + bias for any row count (its native kernel serves up to 64 rows,
+    """flare::linear is x @ weight.T + bias for any row count (its native kernel serves up to 256 rows,
     ATen more), any inner length (a tail past the 16-wide lanes) and any number of outputs (a tail past
     its panels of four), within one K-long reduction's bound of the exact product."""
     gen = torch.Generator().manual_seed(rows * 1000 + inner + outer)
@@ -310,12 +310,12 @@ def test_linear_matches_a_float64_product(rows, inner, outer):
 
 @pytest.mark.skipif(kernels.active() != "native", reason="ATen's product (the Python kernel) blocks by batch size")
 def test_linear_rows_do_not_depend_on_the_batch():
-    """A row's product is the same whatever other rows share the call, up to the native kernel's 64 rows:
+    """A row's product is the same whatever other rows share the call, up to the native kernel's 256 rows:
     a decode step's output for one stream does not change with how many streams run beside it."""
     gen = torch.Generator().manual_seed(7)
-    x, weight = torch.randn(64, 200, generator=gen), torch.randn(11, 200, generator=gen)
-    alone = torch.cat([torch.ops.flare.linear(x[i:i + 1], weight) for i in range(64)])
-    for rows in (2, 3, 4, 5, 8, 16, 17, 40, 64):
+    x, weight = torch.randn(256, 200, generator=gen), torch.randn(11, 200, generator=gen)
+    alone = torch.cat([torch.ops.flare.linear(x[i:i + 1], weight) for i in range(256)])
+    for rows in (2, 3, 4, 5, 8, 16, 17, 40, 64, 129, 256):
         assert torch.equal(torch.ops.flare.linear(x[:rows], weight), alone[:rows]), rows
 
 

@@ -423,16 +423,16 @@ void write_token_history(at::Tensor token_counts, at::Tensor prompt_seen, const 
   }
 }
 
-// ---- flare::linear: x [M, K] times weight [N, K] transposed, for the few rows of a decode step ----
+// ---- flare::linear: x [M, K] times weight [N, K] transposed, for decode steps and prompt chunks ----
 //
 // ATen's single-thread float32 product at M = 4..16 rows ran at about half of the weights' read bandwidth
 // (docs/benchmarks.md, "The 0.6B model"): its packing copies the weight panel that a decode step reads only
 // once. Here each block of NB weight rows is streamed from memory once and multiplied against every input
-// row while it sits in L1, with MB x NB accumulators in registers. That also beat ATen's GEMM at 32 and 64
-// rows (a 64-token prompt chunk: docs/benchmarks.md); above kSmallRows rows ATen's blocked GEMM serves the
-// call. Each output is one K-long sum in a fixed order (16 lanes,
+// row while it sits in L1, with MB x NB accumulators in registers. That also beat ATen's GEMM on prompt
+// chunks, by 1.3-1.6x at 64-256 rows on flare-tiny's and the 0.6B model's shapes (docs/benchmarks.md);
+// above kNativeRows rows ATen's blocked GEMM serves the call. Each output is one K-long sum in a fixed order (16 lanes,
 // then the lanes added), so a row's result does not depend on the other rows in the batch.
-constexpr int64_t kSmallRows = 64;
+constexpr int64_t kNativeRows = 256;
 
 #if defined(__AVX512F__)
 template <int MB, int NB>
@@ -516,7 +516,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
                     "flare::linear: x [..., ", x.size(-1), "] does not fit weight ", weight.sizes());
   const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;
   const bool native = x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
-                      (!bias || bias->scalar_type() == at::kFloat) && M <= kSmallRows;
+                      (!bias || bias->scalar_type() == at::kFloat) && M <= kNativeRows;
   if (!native) return at::linear(x, weight, bias);
   at::Tensor xc = x.contiguous(), wc = weight.contiguous();
   at::Tensor bc = bias ? bias->contiguous() : at::Tensor();
