@@ -1,8 +1,8 @@
 """``flare::linear``, Python reference kernel: the model's matrix products.
 
-The native kernel (csrc/flare_ops.cpp) streams each weight once for the few
-rows of a decode step or a prompt chunk of up to 256 tokens and calls ATen's GEMM above 256 rows; this one is ATen
-throughout, with the same shape check.
+The native kernel (csrc/flare_ops.cpp) streams each weight once for the rows
+of a decode step or a prompt chunk of up to 256 tokens and calls ATen's GEMM
+above 256 rows; this one is ATen throughout, with the same shape check.
 """
 
 from __future__ import annotations

@@ -430,8 +430,8 @@ void write_token_history(at::Tensor token_counts, at::Tensor prompt_seen, const 
 // once. Here each block of NB weight rows is streamed from memory once and multiplied against every input
 // row while it sits in L1, with MB x NB accumulators in registers. That also beat ATen's GEMM on prompt
 // chunks, by 1.3-1.6x at 64-256 rows on flare-tiny's and the 0.6B model's shapes (docs/benchmarks.md);
-// above kNativeRows rows ATen's blocked GEMM serves the call. Each output is one K-long sum in a fixed order (16 lanes,
-// then the lanes added), so a row's result does not depend on the other rows in the batch.
+// above kNativeRows rows ATen's blocked GEMM serves the call. Each output is one K-long sum in a fixed
+// order (16 lanes, then the lanes added), so a row's result does not depend on the other rows in the batch.
 constexpr int64_t kNativeRows = 256;
 
 #if defined(__AVX512F__)
@@ -495,7 +495,8 @@ inline void linear_panel(const float* x, int64_t M, int64_t K, const float* w, i
   const int64_t per_block = blocks ? (lines + blocks - 1) / blocks : 0;
   int64_t issued = 0;
   auto prefetch_share = [&]() {
-    for (int64_t i = 0; i < per_block && issued < lines; ++i, ++issued) __builtin_prefetch(next + issued * 64, 0, 3);
+    for (int64_t i = 0; i < per_block && issued < lines; ++i, ++issued)
+      __builtin_prefetch(next + issued * 64, 0, 3);
   };
   int64_t m = 0;
   for (; m + 4 <= M; m += 4) {
@@ -537,7 +538,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   for (int64_t n0 = panels * NB; n0 < N; ++n0) linear_panel<1>(xp, M, K, wp, n0, op, N, bp);
   return out;
 }
-
 
 // ---- flare::sample: a token per position, greedy rows by argmax, sampled rows by the exponential race ----
 //
