@@ -297,6 +297,7 @@ class _Counters:
     speculative: dict[str, SpeculativeTotals] = field(default_factory=dict)  # by proposal source
     frames: int = 0
     queued_commits: int = 0  # frames committed while another was still in flight
+    plans: int = 0  # Scheduler.plan calls (a call that returns None counts too)
     host_ns: int = 0  # control-thread time in plan/commit/complete/publish
     device_ns: int = 0
 
@@ -755,6 +756,7 @@ class HeliosEngine:
         while len(self.scheduler.queued_fences) < self.config.frame_slots:
             try:
                 self.scheduler.advance_to(time.monotonic_ns())
+                self._counters.plans += 1
                 plan = self.scheduler.plan()
             except Exception as error:
                 self._planning_failed(error)

@@ -843,7 +843,7 @@ class Scheduler:
         _validate_sidecar("survival", survival, records, frame.plan.graph)
         sidecars = _sidecars_by_handle(records, confidence, survival)
         # everything is valid: from here on, state changes
-        self._queue.pop()
+        self._queue.pop(self.now_ns)
         plan = frame.plan
         self._observe_cost(self._cost_keys[plan.graph.id], timing.device_ns, timing.readiness_delay_ns)
         # D6-D9: every frame that completes pays or earns once, by its plan's reason (cancelled lanes too)

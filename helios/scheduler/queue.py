@@ -26,7 +26,7 @@ Pure bookkeeping: no torch, no clock (time comes in as ``now_ns``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from flare_contract.graphs import GraphDescriptor
@@ -187,9 +187,25 @@ class FrameQueue:
             raise ValueError(f"completions come in fence order: expected {self._frames[0].fence}, got {fence}")
         return self._frames[0]
 
-    def pop(self) -> Frame:
-        """Remove the oldest frame (its completion was validated)."""
-        return self._frames.pop(0)
+    def pop(self, now_ns: int) -> Frame:
+        """Remove the oldest frame (its completion was validated at ``now_ns``) and re-anchor the rest.
+
+        The transport runs frames in fence order, so the next frame started when this one
+        completed: its expected end is ``now_ns`` plus its frozen estimate, and each later
+        frame's is the one before's plus its own (A9's expected finish times, from the
+        latest feedback). Chained from commit-time ends instead, the queue's expected end
+        falls behind by whatever each frame takes beyond its estimate (the worker's time
+        around the program call, which the device-interval estimates leave out); within a
+        few frames of one stream it is in the past, and queueing stops as if a frame had
+        overrun (docs/runtime.md, "Two frame slots").
+        """
+        done = self._frames.pop(0)
+        anchor = now_ns
+        for i, frame in enumerate(self._frames):
+            anchor += frame.plan.estimated_duration_ns
+            if frame.end_ns != anchor:
+                self._frames[i] = replace(frame, end_ns=anchor)
+        return done
 
     def project(self, states: Sequence) -> Projected:
         """A10: each decoder's token and delivery rates and age reference at the queue's end.

@@ -72,6 +72,30 @@ def test_A9_overrun_suspends_queueing_without_excluding_the_graph():
     assert s.plan().graph is D2  # no cap: the overrun graph stays eligible
 
 
+def test_A9_expected_ends_restart_from_each_completion():
+    # Every frame takes 1 ms beyond its 3 ms estimate, as each does on a host whose worker spends
+    # time around the program call. The frame behind the completed one started at the completion,
+    # so its expected end is the completion plus its estimate, and queueing never stops; ends
+    # chained from commit time would fall 1 ms further behind per frame and be past within 3 frames.
+    s = measured({P64: 4.0, D2: 3.0})
+    (a, b), fence = decoding(s, 2, max_tokens=40)
+    plans = {fence + 1: commit_next(s, fence + 1), fence + 2: commit_next(s, fence + 2)}
+    oldest, now = fence + 1, s.now_ns
+    for _ in range(10):
+        now += 4 * MS
+        s.advance_to(now)
+        done = plans.pop(oldest)
+        for token in s.complete(oldest, [CompletionRecord(lane.handle, tokens=(1,)) for lane in done.lanes],
+                                ExecutionTiming(4 * MS, 4 * MS)):
+            s.published_output(token.handle, oldest)
+        running = s._queue.frames[0]
+        assert running.end_ns == now + running.plan.estimated_duration_ns
+        next_fence = max(plans) + 1
+        plans[next_fence] = commit_next(s, next_fence)  # queued behind the running frame: no overrun
+        assert not plans[next_fence].requires_feedback
+        oldest += 1
+
+
 def test_A10_projection_uses_expected_delivery_and_leaves_history_alone():
     s = measured({P64: 4.0, D1: 3.0})
     (a, b), fence = decoding(s, 2)
