@@ -31,6 +31,7 @@ import torch
 
 from flare_contract.manifest import FORMAT_VERSION
 from helios.catalog.load import Catalog, CatalogError, load
+from helios.ops.linear import choose_native_rows
 from helios.runtime.engine import ADAPTIVE_FLOORS, EngineConfig, HeliosEngine, select_programs
 from helios.sim.estimates import estimates_document, write_estimates
 from helios.scheduler.config import CHOICE_FIELDS, POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
@@ -170,8 +171,21 @@ def prepare_engine(options: RunOptions) -> HeliosEngine:
     catalog = open_catalog(options)
     engine = _step("allocate state and build the engine", lambda: HeliosEngine(catalog, options.engine_config(catalog)))
     log.info("torch threads: %d intra-op (--threads)", torch.get_num_threads())
+    if engine.executor.device.type == "cpu":
+        _step("choose flare::linear's kernel for prompt chunks", lambda: _choose_linear_kernel(catalog))
     _step(f"warm up {len(engine.scheduler.graphs)} programs", lambda: _warm_up(engine))
     return engine
+
+
+def _choose_linear_kernel(catalog: Catalog) -> None:
+    """The native kernel or ATen's GEMM above 16 rows, whichever ran the catalog's weights faster here
+    (helios.ops.linear.choose_native_rows; FLARE_LINEAR_NATIVE_ROWS fixes it)."""
+    try:
+        choice = choose_native_rows(t for weights in catalog.weights.values() for t in weights.values())
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    if choice is not None:
+        log.info("%s", choice.describe())
 
 
 def run(options: RunOptions) -> None:

@@ -16,6 +16,7 @@ be built) or ``python``.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -59,6 +60,7 @@ class KernelChoiceError(NativeKernelsUnavailable, BadInput):
 class _Installed:
     kind: str | None = None  # "native" or "python" once chosen
     python_library: torch.library.Library | None = None
+    native: ctypes.CDLL | None = None  # the loaded native library, for its settings (native_linear_rows)
 
 
 def active() -> str:
@@ -77,7 +79,11 @@ def install(choice: str | None = None) -> str:
         raise KernelChoiceError(f"{ENV}={choice!r} is not one of {', '.join(CHOICES)}")
     if choice != "python":
         try:
-            _load(native_library())
+            library = native_library()
+            _load(library)
+            _Installed.native = ctypes.CDLL(str(library))  # the image torch loaded: the same globals
+            _Installed.native.flare_linear_native_rows.argtypes = [ctypes.c_int64]
+            _Installed.native.flare_linear_native_rows.restype = ctypes.c_int64
             _install_python(_PYTHON_ONLY)
             _Installed.kind = "native"
             return "native"
@@ -88,6 +94,18 @@ def install(choice: str | None = None) -> str:
     _install_python({**_PYTHON_KERNELS, **_PYTHON_ONLY})
     _Installed.kind = "python"
     return "python"
+
+
+def native_linear_rows(rows: int | None = None) -> int | None:
+    """The largest row count ``flare::linear``'s native kernel serves in this process (ATen's GEMM above it),
+    after setting it to ``rows`` (clamped to 16..256) when given; None with the Python kernels (ATen always).
+    ``helios.ops.linear.choose_native_rows`` sets it from a measurement (csrc/flare_ops.cpp)."""
+    if active() != "native":
+        return None
+    setting = _Installed.native.flare_linear_native_rows  # type: ignore[union-attr]
+    if rows is not None:
+        setting(int(rows))
+    return int(setting(-1))
 
 
 def _load(library: Path) -> None:

@@ -1,11 +1,23 @@
 """``flare::linear``, Python reference kernel: the model's matrix products.
 
 The native kernel (csrc/flare_ops.cpp) streams each weight once for the rows
-of a decode step or a prompt chunk of up to 256 tokens and calls ATen's GEMM
-above 256 rows; this one is ATen throughout, with the same shape check.
+of a decode step or a prompt chunk and calls ATen's GEMM above a row bound
+(at most 256); this one is ATen throughout, with the same shape check.
+
+Which of the two is faster for prompt chunks depends on the CPU, so the bound
+is measured once per process on the catalog's own weights
+(``choose_native_rows``, called by ``flare run`` before the warm-up), or
+fixed by ``FLARE_LINEAR_NATIVE_ROWS``; decode steps (up to 16 rows) always
+run on the native kernel, whose rows do not depend on the batch.
 """
 
 from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -16,3 +28,88 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"flare::linear: x [..., {x.shape[-1] if x.dim() else '?'}] does not fit weight "
                          f"{list(weight.shape)}")
     return torch.nn.functional.linear(x, weight, bias)
+
+
+# ---- which kernel serves prompt chunks: measured on this machine, on the catalog's own weights ----
+
+NATIVE_ROWS_ENV = "FLARE_LINEAR_NATIVE_ROWS"  # a fixed bound instead of the measurement (16..256)
+DECODE_ROWS, MAX_NATIVE_ROWS = 16, 256  # the native kernel always serves decode steps; ATen above 256
+CANDIDATE_ROWS = (32, 64, 128, 256)  # prompt chunk sizes the measurement tries, in order
+MAX_MEASURED_ELEMENTS = 8 << 20  # larger weights (a big vocabulary's head) would make the start slow
+
+
+@dataclass(frozen=True, slots=True)
+class RowsChoice:
+    """The native kernel's row bound for this process, and what decided it."""
+
+    rows: int
+    source: str  # "measured", or the environment variable that fixed it
+    timings: tuple[tuple[int, float, float], ...] = ()  # (rows, native ms, ATen ms) per candidate measured
+
+    def describe(self) -> str:
+        if not self.timings:
+            return f"flare::linear: native kernel up to {self.rows} rows, ATen above ({self.source})"
+        measured = ", ".join(f"{m} rows {native:.2f}/{aten:.2f} ms" for m, native, aten in self.timings)
+        return (f"flare::linear: native kernel up to {self.rows} rows, ATen above "
+                f"(native/ATen on the catalog's weights: {measured})")
+
+
+def pick_native_rows(timings: Sequence[tuple[int, float, float]]) -> int:
+    """The bound from measured (rows, native ms, ATen ms), ascending: the native kernel serves every
+    size up to the first it loses (never fewer than the decode steps' 16 rows)."""
+    rows = DECODE_ROWS
+    for m, native, aten in timings:
+        if native > aten:
+            break
+        rows = m
+    return rows
+
+
+def choose_native_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ,
+                       repeats: int = 3) -> RowsChoice | None:
+    """Set the native kernel's row bound for this process: ``FLARE_LINEAR_NATIVE_ROWS`` when set, else the
+    sizes at which it beat ATen's GEMM on ``weights``' distinct matrix shapes (each kernel timed ``repeats``
+    times, interleaved, best of each). None with the Python kernels, where ATen serves every call."""
+    from helios.ops import kernels  # kernels imports this module for its Python kernel
+
+    if kernels.active() != "native":
+        return None
+    fixed = environ.get(NATIVE_ROWS_ENV, "").strip()
+    if fixed:
+        try:
+            rows = int(fixed)
+        except ValueError:
+            rows = -1
+        if not DECODE_ROWS <= rows <= MAX_NATIVE_ROWS:
+            raise ValueError(f"{NATIVE_ROWS_ENV}={fixed!r}: expected a row count from {DECODE_ROWS} to {MAX_NATIVE_ROWS}")
+        kernels.native_linear_rows(rows)
+        return RowsChoice(rows, NATIVE_ROWS_ENV)
+    shapes = {}
+    for w in weights:
+        if w.dim() == 2 and w.dtype == torch.float32 and 0 < w.numel() <= MAX_MEASURED_ELEMENTS:
+            shapes.setdefault(tuple(w.shape), w)
+    if not shapes:
+        return RowsChoice(kernels.native_linear_rows(), "no float32 matrix to measure on")
+    kernels.native_linear_rows(MAX_NATIVE_ROWS)  # every candidate on the native kernel while measuring
+    timings = [(m, *_time_kernels(list(shapes.values()), m, repeats)) for m in CANDIDATE_ROWS]
+    rows = pick_native_rows(timings)
+    kernels.native_linear_rows(rows)
+    return RowsChoice(rows, "measured", tuple(t for t in timings if t[0] <= max(rows * 2, CANDIDATE_ROWS[0])))
+
+
+def _time_kernels(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[float, float]:
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    native, aten = torch.ops.flare.linear, torch.nn.functional.linear
+
+    def once(kernel) -> float:
+        began = time.perf_counter()
+        for w in weights:
+            kernel(inputs[w.shape[1]], w)
+        return (time.perf_counter() - began) * 1e3
+
+    once(native), once(aten)  # first touches
+    best = [math.inf, math.inf]
+    for _ in range(repeats):
+        best[0] = min(best[0], once(native))
+        best[1] = min(best[1], once(aten))
+    return best[0], best[1]

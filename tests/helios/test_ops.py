@@ -308,15 +308,60 @@ def test_linear_matches_a_float64_product(rows, inner, outer):
     assert_close_paths(batched[0], want, tolerance, "linear [1, rows, inner]")
 
 
+@pytest.fixture
+def native_rows():
+    """Set flare::linear's native row bound for one test; the process's bound is restored after it."""
+    before = kernels.native_linear_rows()
+    yield kernels.native_linear_rows
+    kernels.native_linear_rows(before)
+
+
 @pytest.mark.skipif(kernels.active() != "native", reason="ATen's product (the Python kernel) blocks by batch size")
-def test_linear_rows_do_not_depend_on_the_batch():
+def test_linear_rows_do_not_depend_on_the_batch(native_rows):
     """A row's product is the same whatever other rows share the call, up to the native kernel's 256 rows:
     a decode step's output for one stream does not change with how many streams run beside it."""
+    native_rows(256)
     gen = torch.Generator().manual_seed(7)
     x, weight = torch.randn(256, 200, generator=gen), torch.randn(11, 200, generator=gen)
     alone = torch.cat([torch.ops.flare.linear(x[i:i + 1], weight) for i in range(256)])
     for rows in (2, 3, 4, 5, 8, 16, 17, 40, 64, 129, 256):
         assert torch.equal(torch.ops.flare.linear(x[:rows], weight), alone[:rows]), rows
+
+
+@pytest.mark.skipif(kernels.active() != "native", reason="the row bound is the native kernel's")
+def test_the_row_bound_sends_larger_products_to_aten_and_keeps_decode_steps_native(native_rows):
+    gen = torch.Generator().manual_seed(11)
+    x, weight = torch.randn(64, 200, generator=gen), torch.randn(24, 200, generator=gen)
+    alone = torch.cat([torch.ops.flare.linear(x[i:i + 1], weight) for i in range(64)])
+    aten = torch.nn.functional.linear(x, weight)
+    assert not torch.equal(alone, aten)  # the two kernels sum in different orders: the checks below can tell them apart
+    assert native_rows(32) == 32
+    assert torch.equal(torch.ops.flare.linear(x[:32], weight), alone[:32])  # at the bound: native
+    assert torch.equal(torch.ops.flare.linear(x, weight), aten)  # above it: ATen's GEMM
+    assert native_rows(3) == 16  # decode steps (up to 16 rows) are never sent to ATen ...
+    assert torch.equal(torch.ops.flare.linear(x[:16], weight), alone[:16])
+    assert native_rows(1000) == 256  # ... and the native kernel serves at most 256
+    assert torch.equal(torch.ops.flare.linear(x, weight), alone)
+
+
+def test_pick_native_rows_stops_at_the_first_size_the_native_kernel_loses():
+    assert linear.pick_native_rows([(32, 1.0, 2.0), (64, 2.0, 3.0), (128, 5.0, 4.0), (256, 8.0, 9.0)]) == 64
+    assert linear.pick_native_rows([(32, 3.0, 2.0), (64, 1.0, 3.0)]) == 16  # lost at once: decode steps only
+    assert linear.pick_native_rows([(32, 1.0, 1.0), (64, 1.0, 2.0), (128, 1.0, 2.0), (256, 1.0, 2.0)]) == 256
+
+
+@pytest.mark.skipif(kernels.active() != "native", reason="the row bound is the native kernel's")
+def test_choose_native_rows_measures_or_takes_the_environment(native_rows):
+    weights = [torch.randn(48, 32), torch.randn(32, 48), torch.randn(48, 32), torch.randn(5)]
+    choice = linear.choose_native_rows(weights, environ={}, repeats=1)
+    assert choice.source == "measured" and choice.rows in (16, *linear.CANDIDATE_ROWS)
+    assert native_rows() == choice.rows
+    assert choice.rows == linear.pick_native_rows(choice.timings)  # it lists every size up to the first loss
+    fixed = linear.choose_native_rows(weights, environ={linear.NATIVE_ROWS_ENV: "64"})
+    assert (fixed.rows, fixed.source, native_rows()) == (64, linear.NATIVE_ROWS_ENV, 64)
+    for bad in ("8", "257", "many"):
+        with pytest.raises(ValueError, match=f"{linear.NATIVE_ROWS_ENV}='{bad}'"):
+            linear.choose_native_rows(weights, environ={linear.NATIVE_ROWS_ENV: bad})
 
 
 def test_linear_passes_opcheck_and_refuses_a_wrong_shape():

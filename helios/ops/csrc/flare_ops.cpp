@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -432,7 +433,15 @@ void write_token_history(at::Tensor token_counts, at::Tensor prompt_seen, const 
 // chunks, by 1.3-1.6x at 64-256 rows on flare-tiny's and the 0.6B model's shapes (docs/benchmarks.md);
 // above kNativeRows rows ATen's blocked GEMM serves the call. Each output is one K-long sum in a fixed
 // order (16 lanes, then the lanes added), so a row's result does not depend on the other rows in the batch.
+//
+// Which is faster for prompt chunks depends on the CPU: on an AVX-512 Xeon ATen's GEMM ran 64-row chunks of
+// flare-tiny's layers 1.75x faster than this kernel, where on an EPYC this one won. So the bound is the
+// process's own (native_rows, set by flare_linear_native_rows below; helios.ops.linear measures it on the
+// catalog's weights at start). It never goes below kDecodeRows: every decode step stays on this kernel, so a
+// stream's tokens do not change with the number of streams beside it.
 constexpr int64_t kNativeRows = 256;
+constexpr int64_t kDecodeRows = 16;
+std::atomic<int64_t> native_rows{kNativeRows};
 
 #if defined(__AVX512F__)
 template <int MB, int NB>
@@ -517,7 +526,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
                     "flare::linear: x [..., ", x.size(-1), "] does not fit weight ", weight.sizes());
   const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;
   const bool native = x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
-                      (!bias || bias->scalar_type() == at::kFloat) && M <= kNativeRows;
+                      (!bias || bias->scalar_type() == at::kFloat) &&
+                      M <= native_rows.load(std::memory_order_relaxed);
   if (!native) return at::linear(x, weight, bias);
   at::Tensor xc = x.contiguous(), wc = weight.contiguous();
   at::Tensor bc = bias ? bias->contiguous() : at::Tensor();
@@ -598,6 +608,15 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& temperature, const
 }
 
 }  // namespace
+
+// The row bound of flare::linear's native kernel for this process (helios.ops.linear.native_rows, by ctypes:
+// a setting, not an op a program calls). rows < 0 only reads it; others are clamped to
+// [kDecodeRows, kNativeRows]. Returns the bound before the call.
+extern "C" int64_t flare_linear_native_rows(int64_t rows) {
+  const int64_t before = native_rows.load();
+  if (rows >= 0) native_rows.store(rows < kDecodeRows ? kDecodeRows : rows > kNativeRows ? kNativeRows : rows);
+  return before;
+}
 
 TORCH_LIBRARY_IMPL(flare, CPU, m) {
   m.impl("write_kv", &write_kv);
