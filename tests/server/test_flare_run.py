@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helios"))
 from server_process import start_server, wait_ready  # noqa: E402
 from tiny_catalog import cache_folder, tiny_catalog_path  # noqa: E402
 
+from helios.ops import kernels  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 FLARE = [sys.executable, "-m", "helios.cli"]
 
@@ -137,6 +139,17 @@ def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(requ
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     # flare-tiny verifies at most 4 positions per row; the line names the widths there are, 1 always among them
     assert len(errors) == 1 and "--speculative-width 7" in errors[0] and "widths are 1, 2" in errors[0], result.stderr
+
+
+@pytest.mark.skipif(kernels.active() != "native", reason="the row bound is the native kernel's")
+def test_a_bad_linear_row_bound_in_the_environment_is_one_line_and_exit_2(request, tmp_path_factory):
+    catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
+    result = subprocess.run([*FLARE, "run", str(catalog), "--port", "0", "--threads", "1"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "COLUMNS": "200", "FLARE_LINEAR_NATIVE_ROWS": "4"})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: FLARE_LINEAR_NATIVE_ROWS='4': expected a row count from 16 to 256"], result.stderr
 
 
 @pytest.mark.parametrize("flags, complaint", [
