@@ -444,31 +444,33 @@ constexpr int64_t kDecodeRows = 16;
 std::atomic<int64_t> native_rows{kNativeRows};
 
 #if defined(__AVX512F__)
+// One loop over K in steps of 16, the last step masked (its missing lanes load as zeros), and every loop
+// over the MB x NB block unrolled: with a separate tail step, or a rolled loop reading the accumulators
+// after it, GCC kept the accumulators in memory as well and stored all of them on every step (16 stores
+// per 16 FMAs at 4 x 4), which the store port could not keep up with.
 template <int MB, int NB>
 inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t K, float* out, int64_t ldo,
                          const float* bias) {
   __m512 acc[MB][NB];
+#pragma GCC unroll 16
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
     for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 lanes = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
     __m512 wv[NB];
-    for (int n = 0; n < NB; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
+#pragma GCC unroll 16
+    for (int n = 0; n < NB; ++n) wv[n] = _mm512_maskz_loadu_ps(lanes, w + n * K + k);
+#pragma GCC unroll 16
     for (int m = 0; m < MB; ++m) {
-      const __m512 xv = _mm512_loadu_ps(x + m * ldx + k);
+      const __m512 xv = _mm512_maskz_loadu_ps(lanes, x + m * ldx + k);
+#pragma GCC unroll 16
       for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
     }
   }
-  if (k < K) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (K - k)) - 1);
-    __m512 wv[NB];
-    for (int n = 0; n < NB; ++n) wv[n] = _mm512_maskz_loadu_ps(tail, w + n * K + k);
-    for (int m = 0; m < MB; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * ldx + k);
-      for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
-    }
-  }
+#pragma GCC unroll 16
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
     for (int n = 0; n < NB; ++n) out[m * ldo + n] = _mm512_reduce_add_ps(acc[m][n]) + (bias ? bias[n] : 0.0f);
 }
 #else
