@@ -234,8 +234,10 @@ def flare_server(name: str, flare: Path, settings: Settings, port: int, model: T
     # The bundled default: the first start captures it (minutes on two cores). A harness-captured catalog
     # holds AOTInductor packages, which load only with --trust-catalog (docs/catalog-format.md, "Trust").
     catalog = () if model.catalog is None else (str(model.catalog), "--trust-catalog")
+    # --no-prefix-reuse: the peers run without a prompt cache; with one, every finished request of the
+    # bundled catalog (8 checkpoint rows) would also pay its terminal snapshot's frame
     argv = (str(flare), "run", *catalog, "--host", "127.0.0.1", "--port", str(port),
-            "--threads", str(settings.threads), "--speculation", mode)
+            "--threads", str(settings.threads), "--speculation", mode, "--no-prefix-reuse")
     return ServerSpec(name, f"Flare (speculation {mode})", argv, start_timeout_s=1200.0)
 
 

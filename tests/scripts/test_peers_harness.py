@@ -61,7 +61,9 @@ def test_servers_get_matched_settings_on_loopback():
     for flag, value in (("-t", "1"), ("-tb", "1"), ("-np", "16"), ("-c", "8192"), ("--repeat-penalty", "1.0")):
         assert llama.argv[llama.argv.index(flag) + 1] == value
     assert "-cb" in llama.argv and llama.extra_body == {"repeat_penalty": 1.0}
-    assert "--no-cache-prompt" in llama.argv and "--no-enable-prefix-caching" in vllm.argv  # Flare has no prompt cache
+    # no system keeps a prompt cache (Flare's prefix reuse would also add a snapshot frame per request)
+    assert "--no-cache-prompt" in llama.argv and "--no-enable-prefix-caching" in vllm.argv
+    assert "--no-prefix-reuse" in flare.argv
     assert flare.argv[:2] == ("/venv/bin/flare", "run") and flare.argv[flare.argv.index("--threads") + 1] == "1"
     assert flare.argv[flare.argv.index("--speculation") + 1] == "off"
     for spec in (vllm, llama, flare):
