@@ -1,12 +1,19 @@
-"""``flare::linear`` (the native small-batch kernel) against ATen's ``F.linear`` on the 0.6B model's shapes.
+"""``flare::linear`` (the native small-batch kernel) against ATen's ``F.linear`` on a model's shapes.
 
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.linear_kernel [--layers 8] [--rows 1,2,4,8,16,17] [--threads 1]
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.linear_kernel [--model qwen3-0.6b|flare-tiny] [--layers 8]
+        [--rows 1,2,4,8,16,17] [--threads 1]
 
 One decoder layer of Qwen3-0.6B has seven products (q 1024->2048, k and v 1024->1024, o 2048->1024, gate and
 up 1024->3072, down 3072->1024); ``--layers`` copies of them (8: 503 MB, far beyond the caches, so every
 weight comes from memory as in a decode step) are run at each row count M, the two kernels interleaved three
 times, best median of each. Prints ms per pass, the weights' bytes over it (GB/s), the ratio, and each
 kernel's largest error against a float64 product on one layer.
+
+``--model flare-tiny``: the bundled model's step instead, its 4 layers (``--layers`` defaults to 4) of
+seven products (hidden 384, intermediate 1024, 6 query and 2 KV heads of 64) and the tied vocabulary head
+(4,096 x 384), 30 MB in all, which the last-level cache may hold: what a decode step or prompt chunk of
+the bundled catalog multiplies. The native kernel serves every row count here up to 256 (a fresh
+process's bound; ``flare run`` measures its own, docs/runtime.md "Programs and kernels").
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import helios.ops  # noqa: F401  (installs the flare:: kernels)
 from helios.ops import kernels
 
 SHAPES = ((2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072))
+TINY_SHAPES = ((384, 384), (128, 384), (128, 384), (384, 384), (1024, 384), (1024, 384), (384, 1024))
+TINY_HEAD = (4096, 384)
 
 
 def median_ms(call, repeats: int = 9) -> float:
@@ -34,17 +43,23 @@ def median_ms(call, repeats: int = 9) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--model", choices=("qwen3-0.6b", "flare-tiny"), default="qwen3-0.6b")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default 8; flare-tiny: its 4)")
     p.add_argument("--rows", default="1,2,4,8,16,17")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    layers = [[torch.randn(n, k, generator=gen) * 0.02 for n, k in SHAPES] for _ in range(args.layers)]
-    gigabytes = sum(n * k for n, k in SHAPES) * 4 * args.layers / 1e9
-    print(f"kernels {kernels.active()}, {args.threads} thread(s), {args.layers} layers ({gigabytes * 1e3:.0f} MB)")
+    tiny = args.model == "flare-tiny"
+    shapes, count = (TINY_SHAPES, args.layers or 4) if tiny else (SHAPES, args.layers or 8)
+    layers = [[torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes] for _ in range(count)]
+    if tiny:
+        layers.append([torch.randn(*TINY_HEAD, generator=gen) * 0.02])  # the tied head, once per step
+    gigabytes = sum(w.numel() for layer in layers for w in layer) * 4 / 1e9
+    print(f"kernels {kernels.active()}, {args.threads} thread(s), {args.model}: {count} layers"
+          f"{' and the head' if tiny else ''} ({gigabytes * 1e3:.0f} MB)")
     for rows in (int(r) for r in args.rows.split(",")):
-        xs = {k: torch.randn(rows, k, generator=gen) for k in {k for _, k in SHAPES}}
+        xs = {k: torch.randn(rows, k, generator=gen) for k in {w.shape[1] for layer in layers for w in layer}}
         errors = {"aten": 0.0, "flare": 0.0}
         for w in layers[0]:
             exact = xs[w.shape[1]].double() @ w.double().T
