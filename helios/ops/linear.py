@@ -91,10 +91,14 @@ def choose_native_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, st
     if not shapes:
         return RowsChoice(kernels.native_linear_rows(), "no float32 matrix to measure on")
     kernels.native_linear_rows(MAX_NATIVE_ROWS)  # every candidate on the native kernel while measuring
-    timings = [(m, *_time_kernels(list(shapes.values()), m, repeats)) for m in CANDIDATE_ROWS]
+    timings = []
+    for m in CANDIDATE_ROWS:  # ascending, up to the first size the native kernel loses: larger ones cannot count
+        timings.append((m, *_time_kernels(list(shapes.values()), m, repeats)))
+        if timings[-1][1] > timings[-1][2]:
+            break
     rows = pick_native_rows(timings)
     kernels.native_linear_rows(rows)
-    return RowsChoice(rows, "measured", tuple(t for t in timings if t[0] <= max(rows * 2, CANDIDATE_ROWS[0])))
+    return RowsChoice(rows, "measured", tuple(timings))
 
 
 def _time_kernels(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[float, float]:
