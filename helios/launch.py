@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from flare_contract.manifest import FORMAT_VERSION
+from helios.catalog import released
 from helios.catalog.load import Catalog, CatalogError, load
 from helios.ops.linear import choose_native_rows
 from helios.runtime.engine import ADAPTIVE_FLOORS, EngineConfig, HeliosEngine, select_programs
@@ -173,8 +174,20 @@ def prepare_engine(options: RunOptions) -> HeliosEngine:
     log.info("torch threads: %d intra-op (--threads)", torch.get_num_threads())
     if engine.executor.device.type == "cpu":
         _step("choose flare::linear's kernel for prompt chunks", lambda: _choose_linear_kernel(catalog))
+    _prepare_compiled_call(catalog)
     _step(f"warm up {len(engine.scheduler.graphs)} programs", lambda: _warm_up(engine))
     return engine
+
+
+def _prepare_compiled_call(catalog: Catalog) -> None:
+    """Check FLARE_COMPILED_CALL, and where compiled programs will run, build the call that runs them
+    without the GIL (helios.catalog.released; FLARE_COMPILED_CALL=held keeps torch's own)."""
+    try:
+        released.choice()
+    except released.CompiledCallChoiceError as exc:
+        raise LaunchError(str(exc)) from None
+    if catalog.trusted and any(entry.compiled_file for entry in catalog.manifest.programs):
+        _step("prepare the compiled programs' call", lambda: log.info("%s", released.prepare()))
 
 
 def _choose_linear_kernel(catalog: Catalog) -> None:

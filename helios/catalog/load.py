@@ -160,6 +160,8 @@ class _FlatCall:
             return None
         from torch.utils import _pytree as pytree
 
+        from helios.catalog.released import released_run
+
         if not isinstance(program.module, AOTICompiledModel):
             return None
         loader = program.module.loader
@@ -170,7 +172,7 @@ class _FlatCall:
         if sum(len(item) if isinstance(item, tuple) else 1 for item in layout) != in_spec.num_leaves:
             return None  # not the layout this package was compiled for: its own wrapper says what is wrong
         accepted = frozenset(spec.name for spec in program.entry.inputs if spec.weights is None) | program._state_names
-        return cls(layout, accepted, loader.boxed_run, out_spec)
+        return cls(layout, accepted, released_run(loader) or loader.boxed_run, out_spec)
 
     def __call__(self, named: Mapping[str, Any]) -> Any:
         """The program's outputs, or None when ``named`` is not a call this layout covers."""

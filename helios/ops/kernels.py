@@ -124,22 +124,29 @@ def _install_python(kernels: dict) -> None:
 
 def native_library(cache: Path | None = None) -> Path:
     """The built native library for this machine, compiling it first if the cache lacks it."""
-    command = _compile_command()
-    folder = (cache or _cache_root()) / _digest(command)
-    library = folder / LIBRARY_NAME
+    return built_library(SOURCE, LIBRARY_NAME, _compile_command(), cache)
+
+
+def built_library(source: Path, name: str, command: list[str], cache: Path | None = None) -> Path:
+    """``source`` compiled by ``command`` (without its ``-o``) into the cache folder of their digest.
+
+    Also serves helios/catalog/released.py, whose library links torch's Python bindings.
+    """
+    folder = (cache or _cache_root()) / _digest(command, source)
+    library = folder / name
     if library.is_file():
         return library
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        _build(command, folder, library)
+        _build(command, folder, library, source)
     except OSError as exc:  # a read-only or full cache folder
         raise NativeKernelsUnavailable(f"cannot build into {folder}: {exc}") from None
     return library
 
 
-def _build(command: list[str], folder: Path, library: Path) -> None:
+def _build(command: list[str], folder: Path, library: Path, source: Path) -> None:
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        partial = Path(scratch) / LIBRARY_NAME
+        partial = Path(scratch) / library.name
         try:
             done = subprocess.run([*command, "-o", str(partial)], capture_output=True, text=True, timeout=600)
         except subprocess.TimeoutExpired:
@@ -147,7 +154,7 @@ def _build(command: list[str], folder: Path, library: Path) -> None:
         if done.returncode != 0:
             (folder / "build.log").write_text(done.stdout + done.stderr)
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise NativeKernelsUnavailable(f"compiling {SOURCE.name} failed ({last[:200]}); log: {folder / 'build.log'}")
+            raise NativeKernelsUnavailable(f"compiling {source.name} failed ({last[:200]}); log: {folder / 'build.log'}")
         os.replace(partial, library)  # atomic: a concurrent build of the same digest just replaces it
 
 
@@ -159,18 +166,23 @@ def _compiler() -> str:
 
 
 def _compile_command() -> list[str]:
+    return compile_command(SOURCE, ["-O3", "-march=native"], ["-ltorch_cpu", "-lc10"])
+
+
+def compile_command(source: Path, options: list[str], libraries: list[str], includes: tuple[Path, ...] = ()) -> list[str]:
+    """A shared library's compile command against this torch (``-o`` left to ``built_library``)."""
     torch_dir = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
-        _compiler(), str(SOURCE), "-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-w",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{torch_dir / 'include'}",
-        f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+        _compiler(), str(source), *options, "-std=c++20", "-shared", "-fPIC", "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{torch_dir / 'include'}", *(f"-I{p}" for p in includes),
+        f"-L{torch_dir / 'lib'}", *libraries, f"-Wl,-rpath,{torch_dir / 'lib'}",
     ]
 
 
-def _digest(command: list[str]) -> str:
+def _digest(command: list[str], source: Path = SOURCE) -> str:
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), " ".join(command).encode(),
+    for part in (source.read_bytes(), torch.__version__.encode(), " ".join(command).encode(),
                  platform.machine().encode(), _cpu_flags().encode(), sys.platform.encode()):
         h.update(part + b"\0")
     return h.hexdigest()[:16]

@@ -152,6 +152,16 @@ def test_a_bad_linear_row_bound_in_the_environment_is_one_line_and_exit_2(reques
     assert errors == ["error: FLARE_LINEAR_NATIVE_ROWS='4': expected a row count from 16 to 256"], result.stderr
 
 
+def test_a_bad_compiled_call_choice_in_the_environment_is_one_line_and_exit_2(request, tmp_path_factory):
+    catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
+    result = subprocess.run([*FLARE, "run", str(catalog), "--port", "0", "--threads", "1"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "COLUMNS": "200", "FLARE_COMPILED_CALL": "sometimes"})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: FLARE_COMPILED_CALL='sometimes' is not one of released, held"], result.stderr
+
+
 @pytest.mark.parametrize("flags, complaint", [
     ({"alpha": 0.0}, "> 0"),
     ({"speculation": "sometimes"}, "off, fixed, adaptive"),
