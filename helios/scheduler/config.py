@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
-                 "prompt_outside_rate")
+                 "prompt_outside_rate", "prompts_shortest_first")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -50,6 +50,11 @@ class PolicyConfig:
     # gave them instead of taking turns (0: 1/beta; docs/scheduling-utility.md, "Prompt service outside
     # x"). Off by default: it trades the long-document ITL tail for their TTFT tail
     prompt_outside_rate: int = 0
+    # 1: a program's prompt rows go to the prompters with the least prompt left (equal ones by value),
+    # each row still earning its own value against the other candidates; no prompt token is visible
+    # before its prompt finishes, so prompts that take turns chunk by chunk all finish late (0: rows go
+    # to the best-valued prompters; docs/scheduling-utility.md, "Departures from the spec")
+    prompts_shortest_first: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

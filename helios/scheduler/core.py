@@ -638,6 +638,7 @@ class Scheduler:
         return Population(dec, prm, waiting, policy.adaptive_verification_alpha,
                               ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0,
                               defers_decode=bool(policy.prefill_defers_decode),
+                              shortest_prompts_first=bool(policy.prompts_shortest_first),
                               scored=scored if scored.handle else None)
 
     def _apply_choices(self) -> None:

@@ -241,6 +241,29 @@ class RankedLanes:
         return k, self.prefix[k]
 
 
+class OrderedLanes(RankedLanes):
+    """Lanes taken in a given ``order`` rather than by value: ``prefix[k]`` is the value of the first
+    k lanes of ``order`` (``PolicyConfig.prompts_shortest_first``: prompters, least prompt left first)."""
+
+    __slots__ = ()
+
+    def __init__(self, values: Sequence[float], order: Sequence[int]) -> None:
+        super().__init__(values, None, lazy=True)
+        self._order = tuple(order)
+
+    @property
+    def prefix(self) -> list[float]:
+        if self._prefix is None:
+            self._prefix = list(accumulate((self.values[i] for i in self._order), initial=0.0))
+        return self._prefix
+
+    def top(self) -> float:
+        return 0.0 + self.values[self._order[0]]
+
+    def first(self) -> int:
+        return self._order[0]
+
+
 def _best_first_sums(values: Sequence[float]) -> list[float]:
     """0, then the sums of the best 1, 2, ... values."""
     return list(accumulate(sorted(values, reverse=True), initial=0.0))

@@ -102,6 +102,9 @@ class Population:
     # ``PolicyConfig.prefill_defers_decode``: charge a prefill-only program the decode round it defers
     # (``scorers.charge_deferred_round``); False, as for a population built elsewhere, is U6's own rate
     defers_decode: bool = False
+    # ``PolicyConfig.prompts_shortest_first``: prompt rows go to the prompters with the least prompt
+    # left (``rankings.DecisionRankings.prompt_ranking``); False ranks them by value
+    shortest_prompts_first: bool = False
     # Prompters whose prompt must be scored (``AdmitRequest.scored_prompt``): ranked only for
     # SCORED_PREFILL programs, as ``prompters`` are for prefill and mixed ones (None: nobody)
     scored: Prompters | None = None

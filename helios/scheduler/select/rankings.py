@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 from flare_contract.graphs import GraphDescriptor
 from helios.scheduler.select.population import Population, cumulative_gains
 from helios.scheduler.select.timing import GraphTiming
-from helios.scheduler.utility import AdaptiveLane, RankedLanes, prompt_chunk_value
+from helios.scheduler.utility import AdaptiveLane, OrderedLanes, RankedLanes, prompt_chunk_value
 
 if TYPE_CHECKING:
     from helios.scheduler.select.catalog import CatalogInfo, PerDurations
@@ -410,11 +410,39 @@ class DecisionRankings:
             else:
                 values = [prompt_chunk_value(t, left, price, first, p.times)
                           for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
-            # most prompt programs read only the best row (``top``): the prefix sums wait for a wider one
-            ranked = RankedLanes.rank(values, None if self.prompters_lru else p.recency, lazy=True)
+            if self.pop.shortest_prompts_first and len(values) > 1:
+                ranked = _shortest_first(p, tokens, values)
+            else:
+                # most prompt programs read only the best row (``top``): the prefix sums wait for a wider one
+                ranked = RankedLanes.rank(values, None if self.prompters_lru else p.recency, lazy=True)
             ranking = PromptRanking(ranked, tokens)
         self.prompt_rankings[capacity] = ranking
         return ranking
+
+
+def _shortest_first(p, tokens: list[int], values: list[float]) -> OrderedLanes:
+    """``PolicyConfig.prompts_shortest_first``: prompt rows go to the prompters with the least prompt
+    left (equal ones by value, then least recently selected), each row valued at the highest price
+    among the prompters (docs/scheduling-utility.md, "Prompts in order").
+
+    No prompt token is visible before its prompt finishes, so which prompter a row serves changes only
+    which first token comes out first: the shortest first makes them all come sooner than taking turns
+    (which the fairness price does by itself, a prompt just served having the lowest price). The price
+    of the queue is its most deserving member's, so the order does not change how prompt work weighs
+    against decoding; each row's chunk is still valued by its own prompt's length, so the program chosen
+    for it splits that prompt in the least time.
+    """
+    recency = p.recency
+    order = sorted(range(len(values)), key=lambda i: (p.remaining[i], -values[i], recency[i]))
+    top = max(p.price)
+    congestion = top - 1.0  # price is 1 + f/x
+    beta_first = [(f - (price - 1.0)) + congestion if f > 0.0 else 0.0 for f, price in zip(p.first_token, p.price)]
+    if p.times is None:
+        priced = [t * top + (first if t == left else 0.0) for t, first, left in zip(tokens, beta_first, p.remaining)]
+    else:
+        priced = [prompt_chunk_value(t, left, top, first, p.times)
+                  for t, first, left in zip(tokens, beta_first, p.remaining)]
+    return OrderedLanes(priced, order)
 
 
 def _nondecreasing(values: Sequence[int]) -> bool:

@@ -172,7 +172,9 @@ def test_prompt_outside_rate_finishes_concurrent_prompts_one_after_another():
     all three first outputs come late). With the choice their x decay alike while they prefill, the
     order holds, and each finishes before the next starts."""
     for on, expected in ((0, [0, 1, 2] * 3), (1, [0] * 3 + [1] * 3 + [2] * 3)):
-        s = measured(WITH_MIXED, policy=dataclasses.replace(PolicyConfig(), prompt_outside_rate=on))
+        # rows by value (prompts_shortest_first off), so that only this choice orders them
+        policy = dataclasses.replace(PolicyConfig(), prompt_outside_rate=on, prompts_shortest_first=0)
+        s = measured(WITH_MIXED, policy=policy)
         d = Driver(s, WITH_MIXED)
         handles = [d.admit(ask(3072, 8)) for _ in range(3)]
         d.run(12)
@@ -181,15 +183,49 @@ def test_prompt_outside_rate_finishes_concurrent_prompts_one_after_another():
         assert served == expected
 
 
+@pytest.mark.parametrize("catalog", [CATALOG, WITH_MIXED], ids=["prefill only", "with a mixed program"])
+def test_prompts_shortest_first_finishes_concurrent_prompts_one_after_another(catalog):
+    """Three equal 3072-token prompts admitted together, nothing decoding, x counting their prompt
+    tokens: by value they take turns chunk by chunk (the prompt just served has the lowest price), so
+    all three first outputs come late. With the choice (the default) the prompt with the least left
+    gets the next row, so each finishes before the next starts, in the same chunks."""
+    runs = {}
+    for on in (0, 1):
+        s = measured(catalog, policy=dataclasses.replace(PolicyConfig(), prompts_shortest_first=on))
+        d = Driver(s, catalog)
+        handles = [d.admit(ask(3072, 8)) for _ in range(3)]
+        d.run(12)
+        runs[on] = [(handles.index(lane.handle), e.plan.graph.id) for e in d.executed for lane in e.plan.lanes
+                    if lane.phase is LanePhase.PROMPT]
+    turns, in_order = [h for h, _ in runs[0]], [h for h, _ in runs[1]]
+    assert len(set(turns[:3])) == 3  # by value: every prompt starts before any finishes
+    runs_of_one_prompt = [h for i, h in enumerate(in_order) if i == 0 or in_order[i - 1] != h]
+    assert sorted(runs_of_one_prompt) == [0, 1, 2], in_order  # each prompt's chunks back to back
+    assert sorted(g for _, g in runs[0]) == sorted(g for _, g in runs[1])  # the same chunks, reordered
+
+
+def test_prompts_shortest_first_gives_the_row_to_the_least_prompt_left():
+    """A 256-token prompt admitted after a 3072-token one has started: its row comes next (the order is by
+    prompt left, not by arrival), and the long prompt resumes after it."""
+    s = measured(CATALOG)
+    d = Driver(s, CATALOG)
+    long = d.admit(ask(3072, 8))
+    d.run(1)
+    short = d.admit(ask(256, 8))
+    d.run(3)
+    served = [lane.handle for e in d.executed for lane in e.plan.lanes if lane.phase is LanePhase.PROMPT]
+    assert served[0] is long and served[1] is short, served
+
+
 def test_the_choices_are_zero_or_one():
     for name in ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
-                 "prompt_outside_rate"):
+                 "prompt_outside_rate", "prompts_shortest_first"):
         with pytest.raises(ValueError, match=f"{name} must be 0 or 1"):
             dataclasses.replace(PolicyConfig(), **{name: 2})
     # every derived choice is the default (docs/scheduling-utility.md, "Departures from the spec")
     default = PolicyConfig()
     assert (default.token_rate_by_value, default.prompt_chunk_share, default.prefill_defers_decode,
-            default.age_price_by_cadence) == (1, 1, 1, 1)
+            default.age_price_by_cadence, default.prompts_shortest_first) == (1, 1, 1, 1, 1)
     assert default.prompt_outside_rate == 0  # measured, not better overall (scripts/scheduling_sim/README.md)
     # the throughput preset drops the cadence preferences (its c is 0) and keeps the token accounting
     fast = PolicyConfig.preset("throughput")
