@@ -217,6 +217,30 @@ def test_prompts_shortest_first_gives_the_row_to_the_least_prompt_left():
     assert served[0] is long and served[1] is short, served
 
 
+def test_prompts_shortest_first_values_rows_at_the_queues_highest_price():
+    """Two decoders running, three 3072-token prompts admitted together (three chunks each). The rows go
+    to the prompt with the least left, priced as the most deserving waiting prompt: while another prompt
+    still waits, a started prompt's next chunk weighs against the decoders as that prompt would, so the
+    first two prompts run their chunks back to back. Valued at the served prompt's own price (x just
+    raised by its chunk) decode rounds would cut in between them."""
+    s = measured(CATALOG)
+    d = Driver(s, CATALOG)
+    for _ in range(2):
+        d.admit(ask(16, 400))
+    d.run(6)
+    prompts = [d.admit(ask(3072, 8)) for _ in range(3)]
+    d.run(40)
+    kinds = []
+    for e in d.executed[6:]:
+        rows = [lane.handle for lane in e.plan.lanes if lane.phase is LanePhase.PROMPT]
+        kinds.append(prompts.index(rows[0]) if rows else None)
+    first = next(i for i, k in enumerate(kinds) if k is not None)
+    finishing = [k for k in kinds if k is not None]
+    two = {finishing[0], finishing[3]}
+    assert len(two) == 2 and kinds[first:first + 6] == finishing[:6], kinds  # no decode round in between
+    assert all(len([k for k in kinds if k == h]) == 3 for h in range(3))  # every prompt finished
+
+
 def test_the_choices_are_zero_or_one():
     for name in ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
                  "prompt_outside_rate", "prompts_shortest_first"):
