@@ -50,10 +50,11 @@ class PolicyConfig:
     # gave them instead of taking turns (0: 1/beta; docs/scheduling-utility.md, "Prompt service outside
     # x"). Off by default: it trades the long-document ITL tail for their TTFT tail
     prompt_outside_rate: int = 0
-    # 1: a program's prompt rows go to the prompters with the least prompt left (equal ones by value),
-    # each row still earning its own value against the other candidates; no prompt token is visible
-    # before its prompt finishes, so prompts that take turns chunk by chunk all finish late (0: rows go
-    # to the best-valued prompters; docs/scheduling-utility.md, "Departures from the spec")
+    # 1: where the catalog has no mixed program with a prompt row, a program's prompt rows go to the
+    # prompters with the least prompt left (equal ones by value), each valued at the highest prompter
+    # price; no prompt token is visible before its prompt finishes, so prompts that take turns chunk by
+    # chunk all finish late (0, or with such a program: rows go to the best-valued prompters;
+    # docs/scheduling-utility.md, "Prompts in order")
     prompts_shortest_first: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work

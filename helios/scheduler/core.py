@@ -638,7 +638,7 @@ class Scheduler:
         return Population(dec, prm, waiting, policy.adaptive_verification_alpha,
                               ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0,
                               defers_decode=bool(policy.prefill_defers_decode),
-                              shortest_prompts_first=bool(policy.prompts_shortest_first),
+                              shortest_prompts_first=self._shortest_first,
                               scored=scored if scored.handle else None)
 
     def _apply_choices(self) -> None:
@@ -646,6 +646,10 @@ class Scheduler:
         self._by_value = bool(self.policy.token_rate_by_value) and self._shares_frames
         self._by_cadence = bool(self.policy.age_price_by_cadence) and self._shares_frames
         self._prompt_weight = self.policy.prompt_service_weight if self._by_value else 1.0
+        # ``prompts_shortest_first`` where no mixed program carries a prompt row: prompts then have frames of
+        # their own, and taking turns delays every first output (docs/scheduling-utility.md, "Prompts in
+        # order"); beside mixed rows the simulator's report measured it worse (long-docs' ITL tail)
+        self._shortest_first = bool(self.policy.prompts_shortest_first) and not self._shares_frames
         self._feasible = None
 
     def _age_price(self, timings) -> float:
