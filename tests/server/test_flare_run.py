@@ -141,25 +141,19 @@ def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(requ
     assert len(errors) == 1 and "--speculative-width 7" in errors[0] and "widths are 1, 2" in errors[0], result.stderr
 
 
-@pytest.mark.skipif(kernels.active() != "native", reason="the row bound is the native kernel's")
-def test_a_bad_linear_row_bound_in_the_environment_is_one_line_and_exit_2(request, tmp_path_factory):
+@pytest.mark.parametrize("name, value, error", [
+    pytest.param("FLARE_LINEAR_NATIVE_ROWS", "4", "FLARE_LINEAR_NATIVE_ROWS='4': expected a row count from 16 to 256",
+                 marks=pytest.mark.skipif(kernels.active() != "native", reason="the row bound is the native kernel's")),
+    ("FLARE_COMPILED_CALL", "sometimes", "FLARE_COMPILED_CALL='sometimes' is not one of released, held"),
+], ids=["linear row bound", "compiled call"])
+def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2(request, tmp_path_factory, name, value, error):
     catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
     result = subprocess.run([*FLARE, "run", str(catalog), "--port", "0", "--threads", "1"], cwd=REPO,
                             capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "COLUMNS": "200", "FLARE_LINEAR_NATIVE_ROWS": "4"})
+                            env={**os.environ, "COLUMNS": "200", name: value})
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: FLARE_LINEAR_NATIVE_ROWS='4': expected a row count from 16 to 256"], result.stderr
-
-
-def test_a_bad_compiled_call_choice_in_the_environment_is_one_line_and_exit_2(request, tmp_path_factory):
-    catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
-    result = subprocess.run([*FLARE, "run", str(catalog), "--port", "0", "--threads", "1"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "COLUMNS": "200", "FLARE_COMPILED_CALL": "sometimes"})
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: FLARE_COMPILED_CALL='sometimes' is not one of released, held"], result.stderr
+    assert errors == [f"error: {error}"], result.stderr
 
 
 @pytest.mark.parametrize("flags, complaint", [
