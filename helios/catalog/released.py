@@ -1,14 +1,16 @@
-"""Calling an AOTInductor package without holding the GIL.
+"""Calling an AOTInductor package without the GIL.
 
-torch's Python binding of the package loader's ``boxed_run`` keeps the GIL
-for the whole run of the program. The device worker calls programs back to
-back, so on a serving engine the control thread (planning and committing the
-next frame) and the event loop (writing tokens to clients) could run only in
-the gaps between programs, though the machine has a second core: measured on
-two cores at 16 streams, HTTP serving lost a quarter of the in-process
-throughput to those waits (docs/benchmarks.md). ``csrc/released_call.cpp``
-runs the same ``boxed_run`` with the GIL released; the native code it runs
-(the package and the ``flare::`` kernels) takes no Python.
+torch's Python binding of the package loader's ``boxed_run`` lets the GIL go,
+but the package frees each input after its last use, and freeing the last C++
+reference to a Python-owned tensor takes the GIL back (about 40 times per
+decode step). The device worker calls programs back to back, so each of those
+points waited while the control thread (planning the next frame) or the event
+loop (writing tokens) ran Python. ``csrc/released_call.cpp`` passes the
+package the same tensors under C++ objects Python does not own and runs
+``boxed_run`` with the GIL released: the native code it runs (the package and
+the ``flare::`` kernels) then takes no Python at all (docs/runtime.md,
+"Programs and kernels"; figures in docs/benchmarks.md, "Compiled programs
+without the GIL, prompts in order").
 
 The library is compiled once per machine, like the ops' kernels
 (``helios.ops.kernels``), and linked against torch's Python bindings.
@@ -64,8 +66,8 @@ def prepare() -> str:
 
 
 def released_run(loader: Any) -> Callable[[list], tuple] | None:
-    """A call of ``loader.boxed_run`` (a flat list of tensors in, a tuple out) that releases the GIL
-    while the program runs; None where ``FLARE_COMPILED_CALL=held``, the library is unusable or
+    """A call of ``loader.boxed_run`` (a flat list of tensors in, a tuple out) that holds no GIL while
+    the program runs; None where ``FLARE_COMPILED_CALL=held``, the library is unusable or
     ``loader`` is not torch's package loader."""
     if choice() == "held" or not isinstance(loader, torch._C._aoti.AOTIModelPackageLoader):
         return None

@@ -1,8 +1,7 @@
 """Compiled programs called without the GIL (helios.catalog.released, csrc/released_call.cpp).
 
-torch's binding of an AOTInductor package's ``boxed_run`` keeps the GIL for
-the whole program; the released call gives the same outputs and lets other
-Python threads run while the program does.
+The released call gives the package's own outputs, and the program runs to its end while another
+thread holds the GIL (torch's binding takes it back whenever the package frees a Python-owned input).
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ class _Chain(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
+    if released._library() is None:  # no C++ compiler or no Python headers: torch's own call serves
+        pytest.skip(f"the released call cannot be built here: {released._State.failed}")
     exported = torch.export.export(_Chain(), (torch.randn(64, 512), torch.randn(512, 512), torch.zeros(1)))
     path = tmp_path_factory.mktemp("released") / "chain.pt2"
     torch._inductor.aoti_compile_and_package(exported, package_path=str(path))

@@ -1,12 +1,14 @@
 // A compiled program's call that lets other Python threads run (helios/catalog/released.py).
 //
-// torch's Python binding of AOTIModelPackageLoader::boxed_run keeps the GIL
-// for the whole call, so while the device worker runs a program no other
-// Python thread (the control thread planning the next frame, the event loop
-// writing tokens) can run, though the second core is idle. ``flare_boxed_run``
-// is called through ctypes.PyDLL, so it starts and ends holding the GIL: it
-// reads the input tensors, releases the GIL for the package's own run, and
-// takes it back to hand the outputs to Python.
+// torch's Python binding of AOTIModelPackageLoader::boxed_run lets the GIL go,
+// but the package frees each input tensor after its last use, and freeing the
+// last C++ reference to a tensor Python owns takes the GIL to hand the tensor
+// back to its Python object: about 40 times per decode step, each a wait while
+// the control thread or the event loop runs Python. ``flare_boxed_run`` is
+// called through ctypes.PyDLL, so it starts and ends holding the GIL: it wraps
+// the inputs in TensorImpls Python does not own (``unowned``), releases the GIL
+// for the package's run, in which nothing then touches Python, and takes it
+// back to hand the outputs to Python.
 
 #include <pybind11/conduit/pybind11_conduit_v1.h>
 #include <torch/csrc/autograd/python_variable.h>

@@ -436,12 +436,12 @@ def _shortest_first(p, tokens: list[int], values: list[float]) -> OrderedLanes:
     order = sorted(range(len(values)), key=lambda i: (p.remaining[i], -values[i], recency[i]))
     top = max(p.price)
     congestion = top - 1.0  # price is 1 + f/x
-    beta_first = [(f - (price - 1.0)) + congestion if f > 0.0 else 0.0 for f, price in zip(p.first_token, p.price)]
+    first_token = [(f - (price - 1.0)) + congestion if f > 0.0 else 0.0 for f, price in zip(p.first_token, p.price)]
     if p.times is None:
-        priced = [t * top + (first if t == left else 0.0) for t, first, left in zip(tokens, beta_first, p.remaining)]
+        priced = [t * top + (first if t == left else 0.0) for t, first, left in zip(tokens, first_token, p.remaining)]
     else:
         priced = [prompt_chunk_value(t, left, top, first, p.times)
-                  for t, first, left in zip(tokens, beta_first, p.remaining)]
+                  for t, first, left in zip(tokens, first_token, p.remaining)]
     return OrderedLanes(priced, order)
 
 
