@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from helios.catalog.load import Catalog, CatalogProgram, load
+from helios.ops.linear import choose_linear_kernels
 from ignition.capture.export import AOTI_CONFIGS
 
 OPEN_INPUTS = {"top_p": 1.0, "repetition_penalty": 1.0}
@@ -94,6 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     catalog = load(args.catalog, trust=True)
+    for choice in choose_linear_kernels(t for weights in catalog.weights.values() for t in weights.values()):
+        print(choice.describe())  # as flare run sets them before its warm-up (FLARE_LINEAR_* fix them)
     state = catalog.allocate_state()
     ids = args.programs.split(",")
     forms, inputs = {}, {}

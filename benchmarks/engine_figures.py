@@ -21,7 +21,7 @@ import asyncio
 import time
 
 from helios.catalog.load import load
-from helios.ops.linear import choose_native_rows
+from helios.ops.linear import choose_linear_kernels
 from helios.runtime.engine import EngineConfig, HeliosEngine
 from helios.runtime.engine_api import GenerationRequest, SamplingParams
 
@@ -58,7 +58,8 @@ async def _run(catalog_path: str, threads: int, tokens: int, speculation: str,
     for slots in slots_list:
         engine = HeliosEngine(catalog, EngineConfig(threads=threads, speculation=speculation, frame_slots=slots))
         if slots == slots_list[0]:  # flare run's choice of flare::linear's kernel, before its warm-up
-            print(choose_native_rows(t for weights in catalog.weights.values() for t in weights.values()).describe())
+            for choice in choose_linear_kernels(t for weights in catalog.weights.values() for t in weights.values()):
+                print(choice.describe())
         engine.warm_up()
         await engine.start()
         try:

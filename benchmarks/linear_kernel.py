@@ -6,8 +6,9 @@
 One decoder layer of Qwen3-0.6B has seven products (q 1024->2048, k and v 1024->1024, o 2048->1024, gate and
 up 1024->3072, down 3072->1024); ``--layers`` copies of them (8: 503 MB, far beyond the caches, so every
 weight comes from memory as in a decode step) are run at each row count M, the two kernels interleaved three
-times, best median of each. Prints ms per pass, the weights' bytes over it (GB/s), the ratio, and each
-kernel's largest error against a float64 product on one layer.
+times, best median of each. The native kernel is timed in both of its loop orders (chunked and panel: the
+same arithmetic, csrc/flare_ops.cpp). Prints ms per pass, the weights' bytes over it (GB/s), the ratios, and
+each kernel's largest error against a float64 product on one layer.
 
 ``--model flare-tiny``: the bundled model's step instead, its 4 layers (``--layers`` defaults to 4) of
 seven products (hidden 384, intermediate 1024, 6 query and 2 KV heads of 64) and the tied vocabulary head
@@ -19,12 +20,14 @@ process's bound; ``flare run`` measures its own, docs/runtime.md "Programs and k
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import torch
 
 import helios.ops  # noqa: F401  (installs the flare:: kernels)
 from helios.ops import kernels
+from helios.ops.linear import MAX_CHUNK_ROWS
 
 SHAPES = ((2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072))
 TINY_SHAPES = ((384, 384), (128, 384), (128, 384), (384, 384), (1024, 384), (1024, 384), (384, 1024))
@@ -58,6 +61,9 @@ def main() -> None:
     gigabytes = sum(w.numel() for layer in layers for w in layer) * 4 / 1e9
     print(f"kernels {kernels.active()}, {args.threads} thread(s), {args.model}: {count} layers"
           f"{' and the head' if tiny else ''} ({gigabytes * 1e3:.0f} MB)")
+    chunk_before = kernels.native_linear_chunk_rows()
+    if chunk_before is None:
+        raise SystemExit("error: the native kernels are not installed (FLARE_OPS_KERNELS); nothing to compare")
     for rows in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(rows, k, generator=gen) for k in {w.shape[1] for layer in layers for w in layer}}
         errors = {"aten": 0.0, "flare": 0.0}
@@ -71,20 +77,31 @@ def main() -> None:
                 for w in layer:
                     torch.nn.functional.linear(xs[w.shape[1]], w)
 
-        def flare():
-            for layer in layers:
-                for w in layer:
-                    torch.ops.flare.linear(xs[w.shape[1]], w)
+        def flare(order: int):
+            def run():
+                kernels.native_linear_chunk_rows(order)
+                for layer in layers:
+                    for w in layer:
+                        torch.ops.flare.linear(xs[w.shape[1]], w)
+            return run
 
-        a, f = [], []
+        # the native kernel's two loop orders (csrc/flare_ops.cpp; the same bits): chunked, then panel
+        chunked, panel = flare(rows), flare(rows - 1)
+        a, c, p_ = [], [], []
         for _ in range(3):
             a.append(median_ms(aten))
-            f.append(median_ms(flare))
-        a_ms, f_ms = min(a), min(f)
-        print(f"M={rows:3d}: aten {a_ms:7.1f} ms ({gigabytes / a_ms * 1e3:5.1f} GB/s)  flare {f_ms:7.1f} ms "
-              f"({gigabytes / f_ms * 1e3:5.1f} GB/s)  aten/flare {a_ms / f_ms:4.2f}  max error aten "
-              f"{errors['aten']:.1e} flare {errors['flare']:.1e}")
-
+            if rows <= MAX_CHUNK_ROWS:  # above, the chunked order does not serve
+                c.append(median_ms(chunked))
+            p_.append(median_ms(panel))
+        kernels.native_linear_chunk_rows(chunk_before)
+        a_ms, c_ms, p_ms = min(a), min(c, default=math.inf), min(p_)
+        f_ms = min(c_ms, p_ms)
+        chunked_text = f"{c_ms:7.1f} ms" if c else "    n/a"  # the chunked order serves at most 64 rows
+        ratio_text = f"{p_ms / c_ms:4.2f}" if c else " n/a"
+        print(f"M={rows:3d}: aten {a_ms:7.1f} ms ({gigabytes / a_ms * 1e3:5.1f} GB/s)  flare chunked {chunked_text}, "
+              f"panel {p_ms:7.1f} ms ({gigabytes / f_ms * 1e3:5.1f} GB/s at the better)  panel/chunked "
+              f"{ratio_text}  aten/flare {a_ms / f_ms:4.2f}  max error aten {errors['aten']:.1e} flare "
+              f"{errors['flare']:.1e}")
 
 if __name__ == "__main__":
     main()

@@ -32,7 +32,7 @@ import torch
 from flare_contract.manifest import FORMAT_VERSION
 from helios.catalog import released
 from helios.catalog.load import Catalog, CatalogError, load
-from helios.ops.linear import choose_native_rows
+from helios.ops.linear import choose_linear_kernels
 from helios.runtime.engine import ADAPTIVE_FLOORS, EngineConfig, HeliosEngine, select_programs
 from helios.sim.estimates import estimates_document, write_estimates
 from helios.scheduler.config import CHOICE_FIELDS, POLICY_PRESETS, SPECULATION_MODES, PolicyConfig
@@ -173,7 +173,7 @@ def prepare_engine(options: RunOptions) -> HeliosEngine:
     engine = _step("allocate state and build the engine", lambda: HeliosEngine(catalog, options.engine_config(catalog)))
     log.info("torch threads: %d intra-op (--threads)", torch.get_num_threads())
     if engine.executor.device.type == "cpu":
-        _step("choose flare::linear's kernel for prompt chunks", lambda: _choose_linear_kernel(catalog))
+        _step("choose flare::linear's loop order and its kernel for prompt chunks", lambda: _choose_linear_kernel(catalog))
     _prepare_compiled_call(catalog)
     _step(f"warm up {len(engine.scheduler.graphs)} programs", lambda: _warm_up(engine))
     return engine
@@ -191,13 +191,14 @@ def _prepare_compiled_call(catalog: Catalog) -> None:
 
 
 def _choose_linear_kernel(catalog: Catalog) -> None:
-    """The native kernel or ATen's GEMM above 16 rows, whichever ran the catalog's weights faster here
-    (helios.ops.linear.choose_native_rows; FLARE_LINEAR_NATIVE_ROWS fixes it)."""
+    """The native kernel's loop order at 16 and 32 rows, then the native kernel or ATen's GEMM above 16
+    rows, whichever ran the catalog's weights faster here (helios.ops.linear: choose_chunk_rows,
+    choose_native_rows; FLARE_LINEAR_CHUNK_ROWS and FLARE_LINEAR_NATIVE_ROWS fix them)."""
     try:
-        choice = choose_native_rows(t for weights in catalog.weights.values() for t in weights.values())
+        choices = choose_linear_kernels(t for weights in catalog.weights.values() for t in weights.values())
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
-    if choice is not None:
+    for choice in choices:
         log.info("%s", choice.describe())
 
 

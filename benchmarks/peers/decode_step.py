@@ -30,6 +30,7 @@ import torch
 from benchmarks.catalog_programs import frame_inputs
 from benchmarks.peers.random_model import Floor, bandwidths, weight_bytes
 from helios.catalog.load import load
+from helios.ops.linear import choose_linear_kernels
 from ignition.models.checkpoint import load_checkpoint
 from ignition.models.programs import StateLayout, build_program
 
@@ -61,6 +62,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     floor = Floor(weight_bytes(args.checkpoint), *bandwidths())
     catalog = load(args.catalog, trust=True, verify_hashes=False)
+    for choice in choose_linear_kernels(t for weights in catalog.weights.values() for t in weights.values()):
+        print(choice.describe())  # as flare run sets them before its warm-up (FLARE_LINEAR_* fix them)
     state = catalog.allocate_state()
     weights = load_checkpoint(args.checkpoint, torch.float32).weights
     print(f"{args.catalog.name}: {args.threads} thread(s), context {args.context}, median of {args.repeats}; "

@@ -84,6 +84,8 @@ def install(choice: str | None = None) -> str:
             _Installed.native = ctypes.CDLL(str(library))  # the image torch loaded: the same globals
             _Installed.native.flare_linear_native_rows.argtypes = [ctypes.c_int64]
             _Installed.native.flare_linear_native_rows.restype = ctypes.c_int64
+            _Installed.native.flare_linear_chunk_rows.argtypes = [ctypes.c_int64]
+            _Installed.native.flare_linear_chunk_rows.restype = ctypes.c_int64
             _install_python(_PYTHON_ONLY)
             _Installed.kind = "native"
             return "native"
@@ -103,6 +105,19 @@ def native_linear_rows(rows: int | None = None) -> int | None:
     if active() != "native":
         return None
     setting = _Installed.native.flare_linear_native_rows  # type: ignore[union-attr]
+    if rows is not None:
+        setting(int(rows))
+    return int(setting(-1))
+
+
+def native_linear_chunk_rows(rows: int | None = None) -> int | None:
+    """The largest row count ``flare::linear``'s native kernel runs in its chunked loop order in this
+    process (the panel order above it), after setting it to ``rows`` (clamped to 0..64) when given; 0 where
+    the library was built without AVX-512, None with the Python kernels.
+    ``helios.ops.linear.choose_chunk_rows`` sets it from a measurement (csrc/flare_ops.cpp)."""
+    if active() != "native":
+        return None
+    setting = _Installed.native.flare_linear_chunk_rows  # type: ignore[union-attr]
     if rows is not None:
         setting(int(rows))
     return int(setting(-1))

@@ -9,6 +9,13 @@ is measured once per process on the catalog's own weights
 (``choose_native_rows``, called by ``flare run`` before the warm-up), or
 fixed by ``FLARE_LINEAR_NATIVE_ROWS``; decode steps (up to 16 rows) always
 run on the native kernel, whose rows do not depend on the batch.
+
+The native kernel has two loop orders with the same arithmetic (the same
+bits): "panel", best where the weights sit in the last-level cache, and
+"chunked", best where they stream from memory. Which one serves 16 and 32
+rows is measured too, on the catalog's whole weight set, since that is what
+decides where it lives (``choose_chunk_rows``), or fixed by
+``FLARE_LINEAR_CHUNK_ROWS``; up to 8 rows the chunked order serves.
 """
 
 from __future__ import annotations
@@ -54,10 +61,11 @@ class RowsChoice:
                 f"(native/ATen on the catalog's weights: {measured})")
 
 
-def pick_native_rows(timings: Sequence[tuple[int, float, float]]) -> int:
+def pick_native_rows(timings: Sequence[tuple[int, float, float]], floor: int = DECODE_ROWS) -> int:
     """The bound from measured (rows, native ms, ATen ms), ascending: the native kernel serves every
-    size up to the first it loses (never fewer than the decode steps' 16 rows)."""
-    rows = DECODE_ROWS
+    size up to the first it loses (never fewer than ``floor``: the decode steps' 16 rows). The chunked
+    order's bound is picked the same way from (rows, chunked ms, panel ms)."""
+    rows = floor
     for m, native, aten in timings:
         if native > aten:
             break
@@ -117,3 +125,103 @@ def _time_kernels(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple
         best[0] = min(best[0], once(native))
         best[1] = min(best[1], once(aten))
     return best[0], best[1]
+
+
+# ---- which loop order serves 16 and 32 rows: measured on the catalog's whole weight set ----
+
+CHUNK_ROWS_ENV = "FLARE_LINEAR_CHUNK_ROWS"  # a fixed bound instead of the measurement (0..64)
+DEFAULT_CHUNK_ROWS, MAX_CHUNK_ROWS = 8, 64  # csrc/flare_ops.cpp: kChunkRowsDefault, kMaxChunkRows
+CHUNK_CANDIDATE_ROWS = (16, 32)  # decode batches of the catalogs' buckets; above, prompt chunks are compute-bound
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkChoice:
+    """The chunked order's row bound for this process, and what decided it."""
+
+    rows: int
+    source: str  # "measured", the environment variable that fixed it, or why nothing was measured
+    megabytes: float = 0.0  # the weights measured on
+    timings: tuple[tuple[int, float, float], ...] = ()  # (rows, chunked ms, panel ms) per candidate measured
+
+    def describe(self) -> str:
+        head = f"flare::linear: chunked order up to {self.rows} rows, panel order above"
+        if not self.timings:
+            return f"{head} ({self.source})"
+        measured = ", ".join(f"{m} rows {chunked:.1f}/{panel:.1f} ms" for m, chunked, panel in self.timings)
+        return f"{head} (chunked/panel over the catalog's {self.megabytes:.0f} MB of weights: {measured})"
+
+
+def choose_chunk_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ,
+                      repeats: int = 2) -> ChunkChoice | None:
+    """Set the row bound of the native kernel's chunked order for this process: ``FLARE_LINEAR_CHUNK_ROWS``
+    when set, else the candidate sizes at which a pass over every float32 matrix of ``weights``, in order
+    (what a step reads, so the last-level cache holds what it would), ran faster chunked than in the panel
+    order (interleaved, best of ``repeats``). None with the Python kernels; a build without AVX-512 has one
+    order (bound 0). Call it before ``choose_native_rows``: 32 rows are measured on the native kernel."""
+    from helios.ops import kernels
+
+    if kernels.active() != "native":
+        return None
+    fixed = environ.get(CHUNK_ROWS_ENV, "").strip()
+    if fixed:
+        try:
+            rows = int(fixed)
+        except ValueError:
+            rows = -1
+        if not 0 <= rows <= MAX_CHUNK_ROWS:
+            raise ValueError(f"{CHUNK_ROWS_ENV}={fixed!r}: expected a row count from 0 to {MAX_CHUNK_ROWS}")
+        kernels.native_linear_chunk_rows(rows)
+        return ChunkChoice(kernels.native_linear_chunk_rows(), CHUNK_ROWS_ENV)
+    if kernels.native_linear_chunk_rows(MAX_CHUNK_ROWS) == 0:
+        return ChunkChoice(0, "built without AVX-512: one loop order")
+    matrices = [w for w in weights if w.dim() == 2 and w.dtype == torch.float32 and w.shape[1] >= 16
+                and w.is_contiguous()]
+    if not matrices:
+        kernels.native_linear_chunk_rows(DEFAULT_CHUNK_ROWS)
+        return ChunkChoice(DEFAULT_CHUNK_ROWS, "no float32 matrix to measure on")
+    native_before = kernels.native_linear_rows()
+    kernels.native_linear_rows(MAX_NATIVE_ROWS)  # both orders on the native kernel while measuring
+    timings = []
+    try:
+        for m in CHUNK_CANDIDATE_ROWS:
+            chunked, panel = _time_orders(matrices, m, repeats)
+            timings.append((m, chunked, panel))
+            if chunked > panel:
+                break
+    finally:
+        kernels.native_linear_rows(native_before)
+    rows = pick_native_rows(timings, floor=DEFAULT_CHUNK_ROWS)
+    kernels.native_linear_chunk_rows(rows)
+    megabytes = sum(w.numel() for w in matrices) * 4 / 1e6
+    return ChunkChoice(rows, "measured", megabytes, tuple(timings))
+
+
+def _time_orders(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[float, float]:
+    """Best ms of one pass over ``weights`` at ``rows`` rows in the chunked order, then the panel order."""
+    from helios.ops import kernels
+
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+
+    def once(bound: int) -> float:
+        kernels.native_linear_chunk_rows(bound)
+        began = time.perf_counter()
+        for w in weights:
+            torch.ops.flare.linear(inputs[w.shape[1]], w)
+        return (time.perf_counter() - began) * 1e3
+
+    once(rows)  # first touch
+    best = [math.inf, math.inf]
+    for _ in range(repeats):
+        best[0] = min(best[0], once(rows))
+        best[1] = min(best[1], once(rows - 1))
+    return best[0], best[1]
+
+
+def choose_linear_kernels(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ
+                          ) -> tuple[ChunkChoice | RowsChoice, ...]:
+    """What ``flare run`` sets before its warm-up: the loop order (``choose_chunk_rows``), then the native
+    kernel's row bound (``choose_native_rows``), each measured on ``weights`` or fixed by its environment
+    variable. The choices made (none with the Python kernels); ValueError names a bad variable."""
+    weights = list(weights)
+    choices = (choose_chunk_rows(weights, environ), choose_native_rows(weights, environ))
+    return tuple(c for c in choices if c is not None)

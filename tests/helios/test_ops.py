@@ -364,6 +364,68 @@ def test_choose_native_rows_measures_or_takes_the_environment(native_rows):
             linear.choose_native_rows(weights, environ={linear.NATIVE_ROWS_ENV: bad})
 
 
+@pytest.fixture
+def chunk_rows():
+    """Set the native kernel's chunked-order bound for one test; the process's bound is restored after it."""
+    before = kernels.native_linear_chunk_rows()
+    yield kernels.native_linear_chunk_rows
+    kernels.native_linear_chunk_rows(before)
+
+
+def _has_chunked_order() -> bool:
+    return kernels.active() == "native" and kernels.native_linear_chunk_rows() != 0
+
+
+@pytest.mark.skipif(not _has_chunked_order(), reason="the native kernel's two loop orders (an AVX-512 build)")
+@pytest.mark.parametrize("inner", [64, 200, 300])  # one chunk of K; a chunk and a masked tail; three chunks
+def test_linear_loop_orders_give_the_same_bits(chunk_rows, native_rows, inner):
+    """The chunked and panel orders run the same FMAs in the same order per output (csrc/flare_ops.cpp), so
+    choosing one per process (choose_chunk_rows) never changes a token: equal bits at every row count the
+    chunked order serves, tails of rows (not a multiple of 4) and of outputs (11: a panel of 4 short) too."""
+    native_rows(256)
+    gen = torch.Generator().manual_seed(inner)
+    x, weight, bias = torch.randn(64, inner, generator=gen), torch.randn(11, inner, generator=gen), torch.randn(11, generator=gen)
+    for rows in (1, 2, 3, 4, 5, 8, 13, 16, 17, 32, 33, 64):
+        chunk_rows(64)
+        chunked = torch.ops.flare.linear(x[:rows], weight, bias), torch.ops.flare.linear(x[:rows], weight)
+        chunk_rows(0)
+        panel = torch.ops.flare.linear(x[:rows], weight, bias), torch.ops.flare.linear(x[:rows], weight)
+        assert all(torch.equal(a, b) for a, b in zip(chunked, panel)), rows
+        want = (x[:rows].double() @ weight.double().T + bias.double()).float()
+        assert_close_paths(chunked[0], want, chain_tolerance(torch.float32, [inner + 1]), f"chunked, {rows} rows")
+
+
+@pytest.mark.skipif(not _has_chunked_order(), reason="the native kernel's two loop orders (an AVX-512 build)")
+def test_the_chunked_order_bound_is_clamped(chunk_rows):
+    assert chunk_rows(1000) == 64  # its accumulators live on the stack: at most 64 rows
+    assert chunk_rows(0) == 0  # 0: the panel order throughout
+    assert chunk_rows(8) == 8
+
+
+def test_pick_native_rows_takes_its_floor_for_the_chunked_order():
+    assert linear.pick_native_rows([(16, 1.0, 2.0), (32, 3.0, 2.0)], floor=8) == 16
+    assert linear.pick_native_rows([(16, 2.0, 1.0), (32, 1.0, 2.0)], floor=8) == 8  # lost at once: the default
+    assert linear.pick_native_rows([(16, 1.0, 2.0), (32, 1.0, 2.0)], floor=8) == 32
+
+
+@pytest.mark.skipif(not _has_chunked_order(), reason="the native kernel's two loop orders (an AVX-512 build)")
+def test_choose_chunk_rows_measures_or_takes_the_environment(chunk_rows, native_rows):
+    weights = [torch.randn(48, 32), torch.randn(32, 48), torch.randn(5), torch.randn(4, 8)]
+    native_rows(16)
+    choice = linear.choose_chunk_rows(weights, environ={}, repeats=1)
+    assert choice.source == "measured" and choice.rows in (8, *linear.CHUNK_CANDIDATE_ROWS)
+    assert chunk_rows() == choice.rows and native_rows() == 16  # the row bound it raised to measure is restored
+    assert choice.rows == linear.pick_native_rows(choice.timings, floor=8)
+    assert choice.megabytes == pytest.approx((48 * 32 * 2) * 4 / 1e6)  # matrices only, K >= 16
+    fixed = linear.choose_chunk_rows(weights, environ={linear.CHUNK_ROWS_ENV: "0"})
+    assert (fixed.rows, fixed.source, chunk_rows()) == (0, linear.CHUNK_ROWS_ENV, 0)
+    for bad in ("-1", "65", "many"):
+        with pytest.raises(ValueError, match=f"{linear.CHUNK_ROWS_ENV}='{bad}'"):
+            linear.choose_chunk_rows(weights, environ={linear.CHUNK_ROWS_ENV: bad})
+    both = linear.choose_linear_kernels(weights, environ={linear.CHUNK_ROWS_ENV: "16", linear.NATIVE_ROWS_ENV: "32"})
+    assert [c.rows for c in both] == [16, 32] and (chunk_rows(), native_rows()) == (16, 32)
+
+
 def test_linear_passes_opcheck_and_refuses_a_wrong_shape():
     gen = torch.Generator().manual_seed(1)
     x, weight, bias = torch.randn(3, 32, generator=gen), torch.randn(8, 32, generator=gen), torch.randn(8, generator=gen)

@@ -443,6 +443,23 @@ constexpr int64_t kNativeRows = 256;
 constexpr int64_t kDecodeRows = 16;
 std::atomic<int64_t> native_rows{kNativeRows};
 
+// Two loop orders over a panel of NB weight rows, with the same FMAs in the same order per output (so the
+// same bits; only the order in which blocks visit the panel differs):
+// - "panel" (linear_panel): each MB-row block runs the whole K loop, the first one pulling the panel from
+//   memory and the others reusing it from L1, while the panel after next is prefetched. Best where the
+//   weights sit in the last-level cache (flare-tiny on a 480 MiB L3: 2.8 against 3.1 ms for its 16-row step).
+// - "chunked" (linear_panel_chunked): K in chunks of kChunkK, every block visiting each chunk in turn, the
+//   accumulators kept in memory between chunks, no software prefetch. Memory is then read at a steady rate
+//   through the whole panel instead of in bursts, which is what weights streamed from DRAM need: the 0.6B
+//   model's seven products per layer ran 1.25-1.3x faster chunked at 1-32 rows (docs/benchmarks.md,
+//   "Chunked weight streaming").
+// chunk_rows is the largest row count the chunked order serves in this process (helios.ops.linear measures
+// it on the catalog's whole weight set at start; 0: never).
+constexpr int64_t kChunkK = 128;
+constexpr int64_t kMaxChunkRows = 64;  // its accumulators (rows x NB x 16 floats) live on the stack
+constexpr int64_t kChunkRowsDefault = 8;  // won or tied on both models' weights here, resident or streamed
+std::atomic<int64_t> chunk_rows{kChunkRowsDefault};
+
 #if defined(__AVX512F__)
 // One loop over K in steps of 16, the last step masked (its missing lanes load as zeros), and every loop
 // over the MB x NB block unrolled: with a separate tail step, or a rolled loop reading the accumulators
@@ -473,7 +490,60 @@ inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t K,
 #pragma GCC unroll 16
     for (int n = 0; n < NB; ++n) out[m * ldo + n] = _mm512_reduce_add_ps(acc[m][n]) + (bias ? bias[n] : 0.0f);
 }
+
+// The chunked order's block: MB x NB accumulators read from acc (16 floats each, row-major over m then n),
+// advanced over k0..k1 of the same masked 16-lane steps as linear_block, and written back.
+template <int MB, int NB>
+inline void linear_chunk_block(const float* x, int64_t ldx, const float* w, int64_t K, int64_t k0, int64_t k1,
+                               float* acc_mem) {
+  __m512 acc[MB][NB];
+#pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
+    for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_load_ps(acc_mem + (m * NB + n) * 16);
+  for (int64_t k = k0; k < k1; k += 16) {
+    const __mmask16 lanes = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
+    __m512 wv[NB];
+#pragma GCC unroll 16
+    for (int n = 0; n < NB; ++n) wv[n] = _mm512_maskz_loadu_ps(lanes, w + n * K + k);
+#pragma GCC unroll 16
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(lanes, x + m * ldx + k);
+#pragma GCC unroll 16
+      for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
+    for (int n = 0; n < NB; ++n) _mm512_store_ps(acc_mem + (m * NB + n) * 16, acc[m][n]);
+}
+
+// Rows 0..M-1 (M <= kMaxChunkRows) against weight rows n0..n0+NB-1 in the chunked order.
+template <int NB>
+inline void linear_panel_chunked(const float* x, int64_t M, int64_t K, const float* w, int64_t n0, float* out,
+                                 int64_t N, const float* bias) {
+  alignas(64) float acc[kMaxChunkRows * NB * 16];
+  std::fill(acc, acc + M * NB * 16, 0.0f);
+  const float* wn = w + n0 * K;
+  for (int64_t k0 = 0; k0 < K; k0 += kChunkK) {
+    const int64_t k1 = K < k0 + kChunkK ? K : k0 + kChunkK;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) linear_chunk_block<4, NB>(x + m * K, K, wn, K, k0, k1, acc + m * NB * 16);
+    switch (M - m) {
+      case 3: linear_chunk_block<3, NB>(x + m * K, K, wn, K, k0, k1, acc + m * NB * 16); break;
+      case 2: linear_chunk_block<2, NB>(x + m * K, K, wn, K, k0, k1, acc + m * NB * 16); break;
+      case 1: linear_chunk_block<1, NB>(x + m * K, K, wn, K, k0, k1, acc + m * NB * 16); break;
+      default: break;
+    }
+  }
+  for (int64_t m = 0; m < M; ++m)
+    for (int n = 0; n < NB; ++n)
+      out[m * N + n0 + n] = _mm512_reduce_add_ps(_mm512_load_ps(acc + (m * NB + n) * 16)) + (bias ? bias[n0 + n] : 0.0f);
+}
+constexpr bool kChunkedOrder = true;
 #else
+constexpr bool kChunkedOrder = false;  // the scalar fallback has one order
 template <int MB, int NB>
 inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t K, float* out, int64_t ldo,
                          const float* bias) {
@@ -543,8 +613,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   float* op = out.data_ptr<float>();
   constexpr int64_t NB = 4;
   const int64_t panels = N / NB;
+  const bool chunked = kChunkedOrder && M <= chunk_rows.load(std::memory_order_relaxed);
   // Panels of NB weight rows are independent: with several intra-op threads each takes a share.
   at::parallel_for(0, panels, 16, [&](int64_t begin, int64_t end) {
+#if defined(__AVX512F__)
+    if (chunked) {
+      for (int64_t p = begin; p < end; ++p) linear_panel_chunked<NB>(xp, M, K, wp, p * NB, op, N, bp);
+      return;
+    }
+#endif
     for (int64_t p = begin; p < end; ++p) linear_panel<NB>(xp, M, K, wp, p * NB, op, N, bp);
   });
   for (int64_t n0 = panels * NB; n0 < N; ++n0) linear_panel<1>(xp, M, K, wp, n0, op, N, bp);
@@ -617,6 +694,16 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& temperature, const
 extern "C" int64_t flare_linear_native_rows(int64_t rows) {
   const int64_t before = native_rows.load();
   if (rows >= 0) native_rows.store(rows < kDecodeRows ? kDecodeRows : rows > kNativeRows ? kNativeRows : rows);
+  return before;
+}
+
+// The largest row count flare::linear runs in the chunked order in this process (helios.ops.linear, by
+// ctypes). rows < 0 only reads it; others are clamped to [0, kMaxChunkRows]. Always 0 where the build has
+// no AVX-512 (one order only). Returns the setting before the call.
+extern "C" int64_t flare_linear_chunk_rows(int64_t rows) {
+  if (!kChunkedOrder) return 0;
+  const int64_t before = chunk_rows.load();
+  if (rows >= 0) chunk_rows.store(rows > kMaxChunkRows ? kMaxChunkRows : rows);
   return before;
 }
 
