@@ -212,7 +212,12 @@ def _measure(session: Session, cells: list[plan.Cell], repetitions: int, data: P
             continue
         out = session.out / f"rep{run.repetition + 1}-{run.cell.key.replace('/', '')}-{run.system}.json"
         try:
+            cpu_before, wall_before = servers.group_cpu_seconds(server.process.pid), time.monotonic()
             document = _bench(server, run.cell, data, out, session.settings.seed)
+            # Threads are matched on the command lines; what each server really burns is measured here, its
+            # whole process group (vLLM's engine process and API server both) over the run's wall time.
+            document[table.SERVER_CORES] = ((servers.group_cpu_seconds(server.process.pid) - cpu_before)
+                                            / max(time.monotonic() - wall_before, 1e-9))
         except HarnessError as exc:
             session.results.unavailable[run.system] = f"stopped during the benchmark: {exc}"
             say(f"{run.system}: {exc}")
@@ -243,6 +248,8 @@ def _report(session: Session, args: argparse.Namespace, cells: list[plan.Cell], 
         f"{session.settings.output_len} greedy output tokens; cells: "
         + ", ".join(f"{c.key} ({c.num_prompts} prompts)" for c in cells) + "; * = a length or failure problem (below)",
         "", table.render(session.results, labels, [c.key for c in cells], reference), "",
+        "Cores the server used during each cell (its process group's CPU seconds over the cell's wall time, "
+        "the client excluded; medians):", "", table.render_cores(session.results, labels, [c.key for c in cells]), "",
         *(f"- {n}" for n in session.notes)])
     (session.out / "table.md").write_text(text + "\n")
     print(text)

@@ -6,6 +6,9 @@ import statistics
 from dataclasses import dataclass, field
 
 
+SERVER_CORES = "server_cpu_cores"  # added to each flare bench document by the harness (cli._measure)
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     cell: str  # a Cell.key
@@ -94,3 +97,15 @@ def render(results: Results, systems: list[tuple[str, str]], cell_keys: list[str
         notes += [f"{label} {key} {p}" for key in cell_keys for p in results.problems(name, key)]
     text = "\n".join(lines)
     return text + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+
+
+def render_cores(results: Results, systems: list[tuple[str, str]], cell_keys: list[str]) -> str:
+    """Markdown: per system and cell, the median number of cores its server kept busy (CPU s / wall s), so a
+    server that runs more threads than its command line asks for shows here."""
+    lines = ["| system | " + " | ".join(f"{key} cores" for key in cell_keys) + " |", "|---" * (len(cell_keys) + 1) + "|"]
+    for name, label in systems:
+        if name in results.unavailable:
+            continue
+        cells = [results.median(name, Column(key, SERVER_CORES, "")) for key in cell_keys]
+        lines.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in cells) + " |")
+    return "\n".join(lines)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.peers import plan, systems, table
+from benchmarks.peers import plan, servers, systems, table
 from benchmarks.peers.install import error_line
 from benchmarks.peers.systems import HarnessError, Layout, Settings
 
@@ -177,6 +182,35 @@ def test_table_flags_failed_requests_and_short_outputs():
     assert "vLLM c=4 rep 1: 1 failed (HTTP 503: full)" in text
     assert "vLLM c=4 rep 2: 250 output tokens for 4 requests, expected 64 each" in text
     assert table.ratio(1.0, None) is None and table.format_cell(None, 1.0, False) == "-"
+
+
+def test_cores_table_gives_each_systems_median_cores_per_cell():
+    results = table.Results(128, 64)
+    for cores in (1.1, 0.9, 1.0):
+        results.add("flare-off", "c=16", {**bench_doc(100.0), table.SERVER_CORES: cores})
+    for cores in (1.9, 2.0, 1.7):
+        results.add("vllm", "c=16", {**bench_doc(400.0), table.SERVER_CORES: cores})
+    results.add("vllm", "c=1", bench_doc(50.0))  # a run the harness did not time: shown as missing, not 0
+    results.unavailable["llama.cpp"] = "not installed"
+    text = table.render_cores(results, [("flare-off", "Flare"), ("vllm", "vLLM"), ("llama.cpp", "llama.cpp")],
+                              ["c=1", "c=16"])
+    assert text.splitlines() == ["| system | c=1 cores | c=16 cores |", "|---|---|---|",
+                                 "| Flare | - | 1.00 |", "| vLLM | - | 1.90 |"]
+
+
+def test_group_cpu_seconds_counts_every_process_of_the_group():
+    """The cores figure sums the whole process group: a server whose worker is a child process counts."""
+    spin = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {spin!r}]); exec({spin!r})"],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while servers.group_cpu_seconds(parent.pid) < 0.8 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert servers.group_cpu_seconds(parent.pid) >= 0.8  # both processes' 0.4 s, not the parent's alone
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
 
 
 def test_columns_show_tpot_at_one_stream_and_ttft_where_queues_form():
