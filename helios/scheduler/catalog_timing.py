@@ -50,7 +50,22 @@ class CatalogTiming:
         self._stale_bound: int | None = None
         self._normalizer: float | None = None
         self._families: dict[DeliveryFamily, _FamilyShapes] = {}
+        self._raw: dict[CostKey, GraphTiming] = {}  # the cost model's answer per key, before any floor
+        self._floors: dict[int, int] = {}  # ``floor_twins``: draft-keeping twin index -> its plain program's
+        self._floored_by: dict[int, list[int]] = {}  # plain index -> the twins it floors
         self.reset(0)
+
+    def floor_twins(self, twins: dict[int, int], now_ns: int) -> None:
+        """Read each draft-keeping width-one program (index) as never faster than its plain twin (index):
+        it runs the plain program's target work and the draft's absorption step besides, so an estimate
+        below the plain one is noise (an early sample on a busy machine that the loser of the decision
+        never gets to correct). Set where both are loaded (the adaptive engine's plain floor,
+        ``Scheduler.track_draft_state``); docs/scheduling-utility.md, departure 4."""
+        self._floors = dict(twins)
+        self._floored_by = {}
+        for twin, plain in self._floors.items():
+            self._floored_by.setdefault(plain, []).append(twin)
+        self.reset(now_ns)
 
     def at(self, now_ns: int) -> list[GraphTiming]:
         """Every graph's timing at ``now_ns`` (the scheduler clock never goes back)."""
@@ -92,11 +107,14 @@ class CatalogTiming:
         if not indices:
             return
         timing = self._timing(key, now_ns)
-        if timing == self._timings[indices[0]]:
+        if timing == self._raw.get(key):
             return  # same estimate and freshness: everything derived from the list still holds
+        self._raw[key] = timing
         timings = list(self._timings)
-        for index in indices:
-            timings[index] = timing
+        touched = [*indices, *(t for i in indices for t in self._floored_by.get(i, ()))]
+        for index in touched:
+            timings[index] = self._floored(index)
+        indices = touched
         self._timings = timings
         self._durations = None
         self._prefill = None
@@ -108,8 +126,8 @@ class CatalogTiming:
         """Rebuild everything from the cost model (at start, after the TTL changes, when an entry turns stale)."""
         self._stale_at = {}
         self._stale_bound = None
-        by_key = {key: self._timing(key, now_ns) for key in self._by_key}
-        self._timings = [by_key[key] for key in self._keys]
+        self._raw = {key: self._timing(key, now_ns) for key in self._by_key}
+        self._timings = [self._floored(index) for index in range(len(self._keys))]
         self._durations = None
         self._prefill = None
         self._normalizer = self._best_rate()
@@ -128,6 +146,19 @@ class CatalogTiming:
         if found is None:
             found = self._families[family] = _FamilyShapes.serving(family, self._graphs, self._timings)
         return found.shapes
+
+    def _floored(self, index: int) -> GraphTiming:
+        """Graph ``index``'s timing: the cost model's, raised past its plain twin's known estimate (``floor_twins``)."""
+        own = self._raw[self._keys[index]]
+        plain = self._floors.get(index)
+        if plain is None or not own.known:
+            return own
+        floor = self._raw[self._keys[plain]]
+        if not floor.known or own.duration_ns > floor.duration_ns:
+            return own
+        # strictly longer, as its work is: one nanosecond past the plain estimate sends U8's first tie
+        # rule (shorter known time) to the plain program instead of letting later rules alternate them
+        return GraphTiming(floor.duration_ns + 1, own.fresh)
 
     def _timing(self, key: CostKey, now_ns: int) -> GraphTiming:
         standing = self._cost.standing(key, now_ns)

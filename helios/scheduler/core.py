@@ -195,6 +195,21 @@ def skips_draft_absorption(graph: GraphDescriptor) -> bool:
             and not graph.speculation_enabled)  # capture flags every speculative mixed program too
 
 
+def draft_keeping_twins(graphs: Sequence[GraphDescriptor]) -> dict[int, int]:
+    """Each draft-keeping width-one program (catalog index) -> the ordinary program of its shape (index):
+    the same rows, the same prompt capacity, the same target work, without the draft's absorption step."""
+    plain = {(g.kind is GraphKind.MIXED, g.batch_capacity, g.prefill_capacity): i
+             for i, g in enumerate(graphs) if skips_draft_absorption(g)}
+    twins = {}
+    for i, g in enumerate(graphs):
+        if (g.speculation_enabled and g.width == 1 and g.proposal_depth == 0 and not g.ragged
+                and g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)):
+            found = plain.get((g.kind is GraphKind.MIXED, g.batch_capacity, g.prefill_capacity))
+            if found is not None:
+                twins[i] = found
+    return twins
+
+
 _RECENCY = attrgetter("last_selected_ns")  # least recently selected first (U8 tie order)
 
 
@@ -275,6 +290,11 @@ class Scheduler:
             raise ValueError("track_draft_state must be called before the first admission")
         self._tracks_draft = (any(g.proposal_source == "learned" and g.draws_proposals for g in self.graphs)
                               and any(skips_draft_absorption(g) for g in self.graphs))
+        if self._tracks_draft:
+            # A twin is then worth its extra draft step only through the learned rounds it keeps open, which
+            # selection values on their own; so a twin never reads cheaper than its plain program, and noisy
+            # early samples cannot keep rows on twins where no learned round pays (issue 22, item 6).
+            self._timing.floor_twins(draft_keeping_twins(self.graphs), self.now_ns)
         return self._tracks_draft
 
     def execution_counters(self) -> dict[str, ReasonTotals]:

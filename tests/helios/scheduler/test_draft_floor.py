@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from helios.scheduler import GraphDescriptor, GraphKind, LanePhase
-from helios.scheduler.core import skips_draft_absorption
+from helios.scheduler.core import draft_keeping_twins, skips_draft_absorption
 from sched_harness import MS, Driver, ask, decode, mixed, prefill, spec
 from sched_harness import measured as measured_any
 
@@ -93,10 +93,11 @@ def test_copy_rounds_read_no_draft_and_stay_open_to_a_row_behind():
     assert COPY.id in later and LEARNED.id not in later, later
 
 
-@pytest.mark.parametrize("twin_ms, expected", [(11.0, DECODE.id), (9.0, TWIN.id)])
-def test_the_plain_floor_runs_whichever_width_one_program_is_measured_faster(twin_ms, expected):
-    """Plain decode when the draft-keeping twin costs more and the wider round does not pay; the twin
-    when it is measured faster (the choice is the measurement's, not a rule's)."""
+@pytest.mark.parametrize("twin_ms", [11.0, 10.0, 9.0])
+def test_the_plain_floor_runs_plain_decode_where_no_wider_round_pays(twin_ms):
+    """Plain decode when the wider round does not pay, even when the draft-keeping twin was measured as
+    fast or faster: the twin runs plain decode's work and the draft's step besides, so such a measurement
+    is noise (an early sample the loser of the decision never corrects; issue 22, item 6)."""
     durations = {PREFILL: 5.0, DECODE: 10.0, TWIN: twin_ms, LEARNED: 40.0}
     sched = measured(durations)
     driver = Driver(sched, durations)
@@ -104,7 +105,30 @@ def test_the_plain_floor_runs_whichever_width_one_program_is_measured_faster(twi
     driver.run(100)
     ran = kinds_for(driver, handle)
     assert handle in driver.finished
-    assert ran and set(ran) == {expected}, ran
+    assert ran and set(ran) == {DECODE.id}, ran
+
+
+def test_a_twin_reads_just_past_its_plain_program_and_follows_it():
+    """With draft tracking, a draft-keeping twin measured at or below its plain program reads one
+    nanosecond past the plain estimate, and follows it as it moves; above it, its own estimate stands.
+    Without tracking (nothing to choose between), the twin reads its own estimate."""
+    durations = {PREFILL: 5.0, DECODE: 10.0, TWIN: 9.0, LEARNED: 40.0}
+    sched = measured(durations)
+    assert sched.duration_estimates()[TWIN.id] == int(10.0 * MS) + 1
+    for _ in range(9):
+        sched.observe_duration(DECODE.id, int(8.0 * MS))
+    assert sched.duration_estimates()[TWIN.id] == int(9.0 * MS)  # now above plain decode: its own
+    for _ in range(9):
+        sched.observe_duration(DECODE.id, int(12.0 * MS))
+    assert sched.duration_estimates()[TWIN.id] == int(12.0 * MS) + 1
+    assert measured_any(durations).duration_estimates()[TWIN.id] == int(9.0 * MS)
+
+
+def test_draft_keeping_twins_pair_width_one_programs_with_the_plain_program_of_their_shape():
+    twin_mixed = GraphDescriptor("mixed_twin", GraphKind.MIXED, 2, prefill_capacity=64, proposal_source="learned",
+                                 speculation_enabled=True)
+    graphs = [PREFILL, DECODE, TWIN, LEARNED, COPY, mixed(2, 64), twin_mixed, mixed(2, 256), decode(2)]
+    assert draft_keeping_twins(graphs) == {2: 1, 6: 5}
 
 
 def test_without_draft_tracking_every_program_counts_as_draft_keeping():
