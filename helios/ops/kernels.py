@@ -123,6 +123,19 @@ def native_linear_chunk_rows(rows: int | None = None) -> int | None:
     return int(setting(-1))
 
 
+def native_linear_row_rows(rows: int | None = None) -> int | None:
+    """The largest row count ``flare::linear``'s native kernel runs in its row order in this process (one
+    weight row at a time, read as one sequential stream), after setting it to ``rows`` (clamped to 0..64)
+    when given; None with the Python kernels. ``helios.ops.linear.choose_row_rows`` sets it from a
+    measurement (csrc/flare_ops.cpp)."""
+    if active() != "native":
+        return None
+    setting = _Installed.native.flare_linear_row_rows  # type: ignore[union-attr]
+    if rows is not None:
+        setting(int(rows))
+    return int(setting(-1))
+
+
 def _load(library: Path) -> None:
     try:
         torch.ops.load_library(str(library))

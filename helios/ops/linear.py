@@ -127,37 +127,44 @@ def _time_kernels(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple
     return best[0], best[1]
 
 
-# ---- which loop order serves 16 and 32 rows: measured on the catalog's whole weight set ----
+# ---- which loop order serves decode steps: measured on the catalog's whole weight set ----
 
 CHUNK_ROWS_ENV = "FLARE_LINEAR_CHUNK_ROWS"  # a fixed bound instead of the measurement (0..64)
 DEFAULT_CHUNK_ROWS, MAX_CHUNK_ROWS = 8, 64  # csrc/flare_ops.cpp: kChunkRowsDefault, kMaxChunkRows
-CHUNK_CANDIDATE_ROWS = (16, 32)  # decode batches of the catalogs' buckets; above, prompt chunks are compute-bound
+# Decode batches of the catalogs' buckets, from one row: which order streams a step's weights faster depends on
+# the machine (on a 2-core AVX-512 Xeon the chunked one at 1-8 rows; on an AVX-512 EPYC with a 32 MiB L3 the
+# panel order at one row, 1.8x on flare-tiny's K = 384). Above 32, prompt chunks are compute-bound.
+CHUNK_CANDIDATE_ROWS = (1, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkChoice:
-    """The chunked order's row bound for this process, and what decided it."""
+    """A loop order's row bound for this process (the chunked order's, or the row order's), and what
+    decided it."""
 
     rows: int
     source: str  # "measured", the environment variable that fixed it, or why nothing was measured
     megabytes: float = 0.0  # the weights measured on
-    timings: tuple[tuple[int, float, float], ...] = ()  # (rows, chunked ms, panel ms) per candidate measured
+    timings: tuple[tuple[int, float, float], ...] = ()  # (rows, this order's ms, the other's ms) per candidate
+    order: str = "chunked"
+    other: str = "panel"  # what serves the rows above the bound
 
     def describe(self) -> str:
-        head = f"flare::linear: chunked order up to {self.rows} rows, panel order above"
+        head = f"flare::linear: {self.order} order up to {self.rows} rows, {self.other} order above"
         if not self.timings:
             return f"{head} ({self.source})"
-        measured = ", ".join(f"{m} rows {chunked:.1f}/{panel:.1f} ms" for m, chunked, panel in self.timings)
-        return f"{head} (chunked/panel over the catalog's {self.megabytes:.0f} MB of weights: {measured})"
+        measured = ", ".join(f"{m} rows {mine:.1f}/{theirs:.1f} ms" for m, mine, theirs in self.timings)
+        return f"{head} ({self.order}/{self.other} over the catalog's {self.megabytes:.0f} MB of weights: {measured})"
 
 
 def choose_chunk_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ,
                       repeats: int = 2) -> ChunkChoice | None:
     """Set the row bound of the native kernel's chunked order for this process: ``FLARE_LINEAR_CHUNK_ROWS``
-    when set, else the candidate sizes at which a pass over every float32 matrix of ``weights``, in order
-    (what a step reads, so the last-level cache holds what it would), ran faster chunked than in the panel
-    order (interleaved, best of ``repeats``). None with the Python kernels; a build without AVX-512 has one
-    order (bound 0). Call it before ``choose_native_rows``: 32 rows are measured on the native kernel."""
+    when set, else the candidate sizes, from one row up, at which a pass over every float32 matrix of
+    ``weights``, in order (what a step reads, so the last-level cache holds what it would), ran faster
+    chunked than in the panel order (interleaved, best of ``repeats``), up to the first it lost: 0 (the
+    panel order throughout) when it lost at one row. None with the Python kernels; a build without AVX-512
+    has one order (bound 0). Call it before ``choose_native_rows``: 32 rows are measured on the native kernel."""
     from helios.ops import kernels
 
     if kernels.active() != "native":
@@ -179,31 +186,79 @@ def choose_chunk_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str
     if not matrices:
         kernels.native_linear_chunk_rows(DEFAULT_CHUNK_ROWS)
         return ChunkChoice(DEFAULT_CHUNK_ROWS, "no float32 matrix to measure on")
-    native_before = kernels.native_linear_rows()
-    kernels.native_linear_rows(MAX_NATIVE_ROWS)  # both orders on the native kernel while measuring
-    timings = []
-    try:
-        for m in CHUNK_CANDIDATE_ROWS:
-            chunked, panel = _time_orders(matrices, m, repeats)
-            timings.append((m, chunked, panel))
-            if chunked > panel:
-                break
-    finally:
-        kernels.native_linear_rows(native_before)
-    rows = pick_native_rows(timings, floor=DEFAULT_CHUNK_ROWS)
-    kernels.native_linear_chunk_rows(rows)
+    kernels.native_linear_row_rows(0)  # measured against the panel order alone; choose_row_rows comes after
+    rows, timings = _measure_bound(matrices, CHUNK_CANDIDATE_ROWS, repeats, kernels.native_linear_chunk_rows)
     megabytes = sum(w.numel() for w in matrices) * 4 / 1e6
     return ChunkChoice(rows, "measured", megabytes, tuple(timings))
 
 
-def _time_orders(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[float, float]:
-    """Best ms of one pass over ``weights`` at ``rows`` rows in the chunked order, then the panel order."""
+ROW_ROWS_ENV = "FLARE_LINEAR_ROW_ROWS"  # a fixed bound instead of the measurement (0..64)
+MAX_ROW_ROWS = 64  # csrc/flare_ops.cpp: kMaxRowRows
+ROW_CANDIDATE_ROWS = (1, 2, 4, 8, 16)  # decode batches; one row's stream matters where little arithmetic hides it
+
+
+def choose_row_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ,
+                    repeats: int = 2) -> ChunkChoice | None:
+    """Set the row bound of the native kernel's row order (one weight row at a time, one sequential stream)
+    for this process: ``FLARE_LINEAR_ROW_ROWS`` when set, else the candidate sizes, from one row up, at which a
+    pass over every float32 matrix of ``weights`` in order ran faster in the row order than in the order that
+    serves them otherwise (``choose_chunk_rows``'s choice, so call it after that one), up to the first it
+    lost (0: never). None with the Python kernels."""
     from helios.ops import kernels
 
+    if kernels.active() != "native":
+        return None
+    other = "chunked" if kernels.native_linear_chunk_rows() else "panel"
+    fixed = environ.get(ROW_ROWS_ENV, "").strip()
+    if fixed:
+        try:
+            rows = int(fixed)
+        except ValueError:
+            rows = -1
+        if not 0 <= rows <= MAX_ROW_ROWS:
+            raise ValueError(f"{ROW_ROWS_ENV}={fixed!r}: expected a row count from 0 to {MAX_ROW_ROWS}")
+        kernels.native_linear_row_rows(rows)
+        return ChunkChoice(rows, ROW_ROWS_ENV, order="row", other=other)
+    matrices = [w for w in weights if w.dim() == 2 and w.dtype == torch.float32 and w.shape[1] >= 16
+                and w.is_contiguous()]
+    if not matrices:
+        kernels.native_linear_row_rows(0)
+        return ChunkChoice(0, "no float32 matrix to measure on", order="row", other=other)
+    rows, timings = _measure_bound(matrices, ROW_CANDIDATE_ROWS, repeats, kernels.native_linear_row_rows)
+    megabytes = sum(w.numel() for w in matrices) * 4 / 1e6
+    return ChunkChoice(rows, "measured", megabytes, tuple(timings), order="row", other=other)
+
+
+def _measure_bound(matrices: list[torch.Tensor], candidates: Sequence[int], repeats: int, set_bound
+                   ) -> tuple[int, list[tuple[int, float, float]]]:
+    """An order's bound (``set_bound``: a kernels setting): the candidates, ascending, up to the first at
+    which a pass over ``matrices`` ran slower with the order serving it (bound m) than without (bound m - 1);
+    the bound is set before returning. Measured on the native kernel at any row count."""
+    from helios.ops import kernels
+
+    native_before = kernels.native_linear_rows()
+    kernels.native_linear_rows(MAX_NATIVE_ROWS)
+    timings = []
+    try:
+        for m in candidates:
+            mine, theirs = _time_bound(matrices, m, repeats, set_bound)
+            timings.append((m, mine, theirs))
+            if mine > theirs:
+                break
+    finally:
+        kernels.native_linear_rows(native_before)
+    rows = pick_native_rows(timings, floor=0)
+    set_bound(rows)
+    return rows, timings
+
+
+def _time_bound(weights: list[torch.Tensor], rows: int, repeats: int, set_bound) -> tuple[float, float]:
+    """Best ms of one pass over ``weights`` at ``rows`` rows with the order's bound at ``rows`` (the order
+    serves them), then at ``rows - 1`` (the next order does), interleaved."""
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
 
     def once(bound: int) -> float:
-        kernels.native_linear_chunk_rows(bound)
+        set_bound(bound)
         began = time.perf_counter()
         for w in weights:
             torch.ops.flare.linear(inputs[w.shape[1]], w)
@@ -219,9 +274,11 @@ def _time_orders(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[
 
 def choose_linear_kernels(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ
                           ) -> tuple[ChunkChoice | RowsChoice, ...]:
-    """What ``flare run`` sets before its warm-up: the loop order (``choose_chunk_rows``), then the native
-    kernel's row bound (``choose_native_rows``), each measured on ``weights`` or fixed by its environment
-    variable. The choices made (none with the Python kernels); ValueError names a bad variable."""
+    """What ``flare run`` sets before its warm-up: the loop orders (``choose_chunk_rows``, then
+    ``choose_row_rows`` against it), then the native kernel's row bound (``choose_native_rows``), each
+    measured on ``weights`` or fixed by its environment variable. The choices made (none with the Python
+    kernels); ValueError names a bad variable."""
     weights = list(weights)
-    choices = (choose_chunk_rows(weights, environ), choose_native_rows(weights, environ))
+    choices = (choose_chunk_rows(weights, environ), choose_row_rows(weights, environ),
+               choose_native_rows(weights, environ))
     return tuple(c for c in choices if c is not None)

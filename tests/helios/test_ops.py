@@ -372,25 +372,38 @@ def chunk_rows():
     kernels.native_linear_chunk_rows(before)
 
 
+@pytest.fixture
+def row_rows():
+    """Set the native kernel's row-order bound for one test; the process's bound is restored after it."""
+    before = kernels.native_linear_row_rows()
+    yield kernels.native_linear_row_rows
+    kernels.native_linear_row_rows(before)
+
+
 def _has_chunked_order() -> bool:
     return kernels.active() == "native" and kernels.native_linear_chunk_rows() != 0
 
 
 @pytest.mark.skipif(not _has_chunked_order(), reason="the native kernel's two loop orders (an AVX-512 build)")
 @pytest.mark.parametrize("inner", [64, 200, 300])  # one chunk of K; a chunk and a masked tail; three chunks
-def test_linear_loop_orders_give_the_same_bits(chunk_rows, native_rows, inner):
-    """The chunked and panel orders run the same FMAs in the same order per output (csrc/flare_ops.cpp), so
-    choosing one per process (choose_chunk_rows) never changes a token: equal bits at every row count the
-    chunked order serves, tails of rows (not a multiple of 4) and of outputs (11: a panel of 4 short) too."""
+def test_linear_loop_orders_give_the_same_bits(chunk_rows, row_rows, native_rows, inner):
+    """The chunked, row and panel orders run the same FMAs in the same order per output (csrc/flare_ops.cpp),
+    so choosing them per process (choose_chunk_rows, choose_row_rows) never changes a token: equal bits at
+    every row count those orders serve, tails of rows (not a multiple of 4) and of outputs (11: a panel of 4
+    short) too."""
     native_rows(256)
     gen = torch.Generator().manual_seed(inner)
     x, weight, bias = torch.randn(64, inner, generator=gen), torch.randn(11, inner, generator=gen), torch.randn(11, generator=gen)
     for rows in (1, 2, 3, 4, 5, 8, 13, 16, 17, 32, 33, 64):
+        row_rows(0)
         chunk_rows(64)
         chunked = torch.ops.flare.linear(x[:rows], weight, bias), torch.ops.flare.linear(x[:rows], weight)
         chunk_rows(0)
         panel = torch.ops.flare.linear(x[:rows], weight, bias), torch.ops.flare.linear(x[:rows], weight)
+        row_rows(64)
+        by_row = torch.ops.flare.linear(x[:rows], weight, bias), torch.ops.flare.linear(x[:rows], weight)
         assert all(torch.equal(a, b) for a, b in zip(chunked, panel)), rows
+        assert all(torch.equal(a, b) for a, b in zip(by_row, panel)), rows
         want = (x[:rows].double() @ weight.double().T + bias.double()).float()
         assert_close_paths(chunked[0], want, chain_tolerance(torch.float32, [inner + 1]), f"chunked, {rows} rows")
 
@@ -404,8 +417,11 @@ def test_the_chunked_order_bound_is_clamped(chunk_rows):
 
 def test_pick_native_rows_takes_its_floor_for_the_chunked_order():
     assert linear.pick_native_rows([(16, 1.0, 2.0), (32, 3.0, 2.0)], floor=8) == 16
-    assert linear.pick_native_rows([(16, 2.0, 1.0), (32, 1.0, 2.0)], floor=8) == 8  # lost at once: the default
+    assert linear.pick_native_rows([(16, 2.0, 1.0), (32, 1.0, 2.0)], floor=8) == 8  # lost at once: the floor
     assert linear.pick_native_rows([(16, 1.0, 2.0), (32, 1.0, 2.0)], floor=8) == 32
+    # the chunked order's candidates start at one row: losing there is the panel order throughout
+    assert linear.pick_native_rows([(1, 2.0, 1.0), (4, 1.0, 2.0)], floor=0) == 0
+    assert linear.pick_native_rows([(1, 1.0, 2.0), (4, 1.0, 2.0), (8, 3.0, 2.0)], floor=0) == 4
 
 
 @pytest.mark.skipif(not _has_chunked_order(), reason="the native kernel's two loop orders (an AVX-512 build)")
@@ -413,17 +429,46 @@ def test_choose_chunk_rows_measures_or_takes_the_environment(chunk_rows, native_
     weights = [torch.randn(48, 32), torch.randn(32, 48), torch.randn(5), torch.randn(4, 8)]
     native_rows(16)
     choice = linear.choose_chunk_rows(weights, environ={}, repeats=1)
-    assert choice.source == "measured" and choice.rows in (8, *linear.CHUNK_CANDIDATE_ROWS)
+    assert choice.source == "measured" and choice.rows in (0, *linear.CHUNK_CANDIDATE_ROWS)
     assert chunk_rows() == choice.rows and native_rows() == 16  # the row bound it raised to measure is restored
-    assert choice.rows == linear.pick_native_rows(choice.timings, floor=8)
+    assert choice.rows == linear.pick_native_rows(choice.timings, floor=0)
+    assert choice.timings[0][0] == 1  # measured from one row up ...
+    measured = [m for m, _, _ in choice.timings]
+    assert measured == list(linear.CHUNK_CANDIDATE_ROWS[:len(measured)])  # ... in order, up to the first loss
+    assert all(c <= p for _, c, p in choice.timings[:-1])
     assert choice.megabytes == pytest.approx((48 * 32 * 2) * 4 / 1e6)  # matrices only, K >= 16
     fixed = linear.choose_chunk_rows(weights, environ={linear.CHUNK_ROWS_ENV: "0"})
     assert (fixed.rows, fixed.source, chunk_rows()) == (0, linear.CHUNK_ROWS_ENV, 0)
     for bad in ("-1", "65", "many"):
         with pytest.raises(ValueError, match=f"{linear.CHUNK_ROWS_ENV}='{bad}'"):
             linear.choose_chunk_rows(weights, environ={linear.CHUNK_ROWS_ENV: bad})
-    both = linear.choose_linear_kernels(weights, environ={linear.CHUNK_ROWS_ENV: "16", linear.NATIVE_ROWS_ENV: "32"})
-    assert [c.rows for c in both] == [16, 32] and (chunk_rows(), native_rows()) == (16, 32)
+    both = linear.choose_linear_kernels(weights, environ={linear.CHUNK_ROWS_ENV: "16", linear.ROW_ROWS_ENV: "2",
+                                                          linear.NATIVE_ROWS_ENV: "32"})
+    assert [c.rows for c in both] == [16, 2, 32] and (chunk_rows(), native_rows()) == (16, 32)
+
+
+@pytest.mark.skipif(kernels.active() != "native", reason="the row order is the native kernel's")
+def test_choose_row_rows_measures_against_the_order_chosen_before_or_takes_the_environment(chunk_rows, row_rows,
+                                                                                            native_rows):
+    weights = [torch.randn(48, 32), torch.randn(32, 48), torch.randn(5), torch.randn(4, 8)]
+    native_rows(16)
+    chunk_rows(0)
+    choice = linear.choose_row_rows(weights, environ={}, repeats=1)
+    assert choice.source == "measured" and choice.other == "panel" and choice.rows in (0, *linear.ROW_CANDIDATE_ROWS)
+    assert row_rows() == choice.rows and native_rows() == 16  # the row bound it raised to measure is restored
+    assert choice.rows == linear.pick_native_rows(choice.timings, floor=0)
+    measured = [m for m, _, _ in choice.timings]
+    assert measured == list(linear.ROW_CANDIDATE_ROWS[:len(measured)])  # from one row, in order, to the first loss
+    assert all(mine <= theirs for _, mine, theirs in choice.timings[:-1])
+    assert choice.describe().startswith(f"flare::linear: row order up to {choice.rows} rows, panel order above (row/panel")
+    chunk_rows(8)
+    assert linear.choose_row_rows(weights, environ={}, repeats=1).other == "chunked"
+    fixed = linear.choose_row_rows(weights, environ={linear.ROW_ROWS_ENV: "0"})
+    assert (fixed.rows, fixed.source, row_rows()) == (0, linear.ROW_ROWS_ENV, 0)
+    assert row_rows(1000) == 64 and row_rows(0) == 0  # clamped to the kernel's bound
+    for bad in ("-1", "65", "many"):
+        with pytest.raises(ValueError, match=f"{linear.ROW_ROWS_ENV}='{bad}'"):
+            linear.choose_row_rows(weights, environ={linear.ROW_ROWS_ENV: bad})
 
 
 def test_linear_passes_opcheck_and_refuses_a_wrong_shape():

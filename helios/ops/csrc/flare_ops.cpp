@@ -459,6 +459,13 @@ constexpr int64_t kChunkK = 128;
 constexpr int64_t kMaxChunkRows = 64;  // its accumulators (rows x NB x 16 floats) live on the stack
 constexpr int64_t kChunkRowsDefault = 8;  // won or tied on both models' weights here, resident or streamed
 std::atomic<int64_t> chunk_rows{kChunkRowsDefault};
+// A third order, "row" (panels of one weight row, linear_panel<1>): each weight row is read once, as one
+// sequential stream, against every input row; the same FMAs per output again. Interleaving four rows' streams,
+// as both orders above do, left a 2-core AVX-512 EPYC's prefetchers reading flare-tiny's short rows (K = 384)
+// at about half the speed of one stream. row_rows is the largest row count it serves in this process
+// (helios.ops.linear measures it at start; 0: never, the default).
+constexpr int64_t kMaxRowRows = 64;
+std::atomic<int64_t> row_rows{0};
 
 #if defined(__AVX512F__)
 // One loop over K in steps of 16, the last step masked (its missing lanes load as zeros), and every loop
@@ -613,6 +620,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   float* op = out.data_ptr<float>();
   constexpr int64_t NB = 4;
   const int64_t panels = N / NB;
+  if (M <= row_rows.load(std::memory_order_relaxed)) {
+    at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) linear_panel<1>(xp, M, K, wp, n, op, N, bp);
+    });
+    return out;
+  }
   const bool chunked = kChunkedOrder && M <= chunk_rows.load(std::memory_order_relaxed);
   // Panels of NB weight rows are independent: with several intra-op threads each takes a share.
   at::parallel_for(0, panels, 16, [&](int64_t begin, int64_t end) {
@@ -704,6 +717,14 @@ extern "C" int64_t flare_linear_chunk_rows(int64_t rows) {
   if (!kChunkedOrder) return 0;
   const int64_t before = chunk_rows.load();
   if (rows >= 0) chunk_rows.store(rows > kMaxChunkRows ? kMaxChunkRows : rows);
+  return before;
+}
+
+// The largest row count flare::linear runs in the row order in this process (helios.ops.linear, by ctypes).
+// rows < 0 only reads it; others are clamped to [0, kMaxRowRows]. Returns the setting before the call.
+extern "C" int64_t flare_linear_row_rows(int64_t rows) {
+  const int64_t before = row_rows.load();
+  if (rows >= 0) row_rows.store(rows > kMaxRowRows ? kMaxRowRows : rows);
   return before;
 }
 
