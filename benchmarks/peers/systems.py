@@ -7,6 +7,7 @@ not a convention spread over four command lines.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,8 +117,15 @@ def target(name: str, layout: Layout, repo_root: Path) -> Target:
         return Target(name, repo_root / "ignition" / "models" / "bundled" / "flare-tiny" / "target")
     assert name == "qwen3-0.6b-random", f"unknown target {name!r}; expected one of {TARGET_NAMES}"
     # About 1.8 GB of float32 weights: a few tokens/s per stream on this machine, so a much lower rate.
-    return Target(name, layout.models / name, layout.catalogs / name,
-                  repo_root / "ignition" / "recipes" / "qwen3-0.6b-random.yaml", has_draft=False, default_rate=0.25)
+    recipe = repo_root / "ignition" / "recipes" / "qwen3-0.6b-random.yaml"
+    return Target(name, layout.models / name, layout.catalogs / f"{name}-{recipe_digest(recipe)}", recipe,
+                  has_draft=False, default_rate=0.25)
+
+
+def recipe_digest(recipe: Path) -> str:
+    """Names the harness's capture by its recipe's text, so a changed recipe captures afresh instead of
+    serving the catalog an older one made."""
+    return hashlib.sha256(recipe.read_bytes()).hexdigest()[:10]
 
 
 def default_systems(model: Target) -> tuple[str, ...]:
@@ -135,8 +143,8 @@ def model_steps(model: Target, python: str, ignition: Path, repo_root: Path) -> 
              (python, "-m", "benchmarks.peers.random_model", "--out", str(model.checkpoint)),
              model.checkpoint / "model.safetensors", cwd=repo_root),
         Step(f"capture Flare's {model.name} catalog (AOTInductor compiles: many minutes on 2 cores)",
-             (str(ignition), "capture", str(model.recipe), "--model", str(model.checkpoint), "--out",
-              str(model.catalog)), model.catalog / "catalog.yaml", cwd=repo_root),
+             (str(ignition), "capture", str(model.recipe), "--model", str(model.checkpoint), "--mixed-prefill",
+              "--out", str(model.catalog)), model.catalog / "catalog.yaml", cwd=repo_root),
     ]
 
 

@@ -92,18 +92,25 @@ def test_install_steps_stay_in_the_cache_and_build_without_network():
         assert str(step.done).startswith("/c/"), step
 
 
-def test_the_0_6b_target_is_generated_captured_and_served_from_the_cache():
+def test_the_0_6b_target_is_generated_captured_and_served_from_the_cache(tmp_path):
     layout, settings = Layout(Path("/c")), Settings()
-    tiny = systems.target("flare-tiny", layout, Path("/repo"))
-    big = systems.target("qwen3-0.6b-random", layout, Path("/repo"))
-    assert systems.model_steps(tiny, "/py", Path("/v/ignition"), Path("/repo")) == []  # bundled: nothing to make
-    write, capture = systems.model_steps(big, "/py", Path("/v/ignition"), Path("/repo"))
+    repo = tmp_path / "repo"
+    recipe = repo / "ignition" / "recipes" / "qwen3-0.6b-random.yaml"
+    recipe.parent.mkdir(parents=True)
+    recipe.write_text("name: qwen3-0.6b-random\n")
+    tiny = systems.target("flare-tiny", layout, repo)
+    big = systems.target("qwen3-0.6b-random", layout, repo)
+    folder = f"/c/catalogs/qwen3-0.6b-random-{systems.recipe_digest(recipe)}"  # named by the recipe's text
+    assert systems.model_steps(tiny, "/py", Path("/v/ignition"), repo) == []  # bundled: nothing to make
+    write, capture = systems.model_steps(big, "/py", Path("/v/ignition"), repo)
     assert write.argv == ("/py", "-m", "benchmarks.peers.random_model", "--out", "/c/models/qwen3-0.6b-random")
-    assert capture.argv == ("/v/ignition", "capture", "/repo/ignition/recipes/qwen3-0.6b-random.yaml", "--model",
-                            "/c/models/qwen3-0.6b-random", "--out", "/c/catalogs/qwen3-0.6b-random")
-    assert str(write.done).startswith("/c/") and capture.done == Path("/c/catalogs/qwen3-0.6b-random/catalog.yaml")
+    assert capture.argv == ("/v/ignition", "capture", str(recipe), "--model", "/c/models/qwen3-0.6b-random",
+                            "--mixed-prefill", "--out", folder)
+    assert str(write.done).startswith("/c/") and capture.done == Path(folder) / "catalog.yaml"
+    recipe.write_text("name: qwen3-0.6b-random\ncompile: {mode: aoti}\n")  # a changed recipe: a new capture
+    assert systems.target("qwen3-0.6b-random", layout, repo).catalog != big.catalog
     flare = systems.flare_server("flare-off", Path("/v/flare"), settings, 8003, big)
-    assert flare.argv[2:4] == ("/c/catalogs/qwen3-0.6b-random", "--trust-catalog")  # its AOTI packages need it
+    assert flare.argv[2:4] == (folder, "--trust-catalog")  # its AOTI packages need it
     assert "--trust-catalog" not in systems.flare_server("flare-off", Path("/v/flare"), settings, 8003, tiny).argv
     vllm = systems.vllm_server(layout, big, settings, 8001)
     assert vllm.argv[vllm.argv.index("--model") + 1] == "/c/models/qwen3-0.6b-random"
