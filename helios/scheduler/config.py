@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
-                 "prompt_outside_rate", "prompts_shortest_first")
+                 "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -56,6 +56,12 @@ class PolicyConfig:
     # chunk all finish late (0, or with such a program: rows go to the best-valued prompters;
     # docs/scheduling-utility.md, "Prompts in order")
     prompts_shortest_first: int = 1
+    # 1: a plan is queued behind a running frame (A7's second slot) only while frames run with an empty
+    # queue have shown host time to hide (completion wall time above device time); where they show none
+    # (the simulator), the next frame is chosen when the running one completes, so requests that arrive
+    # meanwhile can join it (0: fill the second slot whenever A7 allows; docs/scheduling-utility.md,
+    # "The second frame slot")
+    queue_ahead_by_host_time: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

@@ -106,6 +106,7 @@ from helios.scheduler.types import (
 )
 
 PROPOSAL_SOURCES = ("learned", "copy")
+HOST_TIME_WEIGHT = 0.125  # each unqueued completion moves the exposed-host-time average this far (``_observe_host_time``)
 
 
 # ---------------------------------------------------------------------------
@@ -242,6 +243,9 @@ class Scheduler:
         self._slots: list[RequestState | None] = [None] * request_slots
         self._generation = 0
         self._queue = FrameQueue()
+        # host time a frame run with an empty queue exposes (wall minus device, averaged; None until one
+        # completes): what A7's second slot can hide (``PolicyConfig.queue_ahead_by_host_time``)
+        self._exposed_host_ns: float | None = None
         self._last_fence: Fence | None = None
         self._max_depth = max((g.proposal_depth for g in self.graphs), default=0)
         self._tracks_draft = False  # ``track_draft_state``
@@ -455,6 +459,8 @@ class Scheduler:
         """The best plan if it may be committed now; None otherwise (A7-A9)."""
         if not self._queue.accepts_more(self.now_ns):
             return None
+        if self._queue and not self._queue_ahead_pays():
+            return None
         timings, population = self._snapshot()
         choice = self.selector.select(timings, population)
         ops = self._state_choice(timings, population)
@@ -488,6 +494,29 @@ class Scheduler:
         )
         self.selector.planned(plan, self.now_ns)
         return plan
+
+    def _queue_ahead_pays(self) -> bool:
+        """Whether a plan behind the running frame can hide anything (``PolicyConfig.queue_ahead_by_host_time``).
+
+        A7's second slot keeps the device busy while the host completes one frame and plans the next.
+        Where completed frames show no host time beyond the device's, it hides nothing, and a plan made
+        now instead of at the completion shuts out every request that arrives meanwhile for one more
+        frame (docs/scheduling-utility.md, "The second frame slot"). Before any frame has completed with
+        an empty queue nothing is known, and the second slot is used as A7 allows.
+        """
+        if not self.policy.queue_ahead_by_host_time or self._exposed_host_ns is None:
+            return True
+        return self._exposed_host_ns > 0.0
+
+    def _observe_host_time(self, frame: fq.Frame, timing: ExecutionTiming) -> None:
+        """Average the host time an unqueued frame exposed (a queued frame's wall time includes its wait)."""
+        if frame.queued or timing.device_ns <= 0:
+            return
+        exposed = max(0, timing.wall_ns - timing.device_ns)
+        if self._exposed_host_ns is None:
+            self._exposed_host_ns = float(exposed)
+        else:
+            self._exposed_host_ns += (exposed - self._exposed_host_ns) * HOST_TIME_WEIGHT
 
     def _state_choice(self, timings, population: Population) -> state_ops.StateChoice | None:
         """The best pending state operation (P1-P4, P6), scored on the ordinary decision's snapshot."""
@@ -851,6 +880,7 @@ class Scheduler:
         self._queue.pop(self.now_ns)
         plan = frame.plan
         self._observe_cost(self._cost_keys[plan.graph.id], timing.device_ns, timing.readiness_delay_ns)
+        self._observe_host_time(frame, timing)
         # D6-D9: every frame that completes pays or earns once, by its plan's reason (cancelled lanes too)
         self.exploration.record(plan.reason, timing, frame.queued)
         before = self._served_before(frame.participants)
