@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
-                 "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time")
+                 "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
+                 "prompts_beside_decoders")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -62,6 +63,11 @@ class PolicyConfig:
     # meanwhile can join it (0: fill the second slot whenever A7 allows; docs/scheduling-utility.md,
     # "The second frame slot")
     queue_ahead_by_host_time: int = 1
+    # 1: while decoders are active, where a measured mixed program carries a prompt row, a prefill-only
+    # program holding at most twice that row's capacity is no candidate: its prompt rides beside the
+    # decoders instead of making every one of them wait the prefill and their own round after it
+    # (0: U6's value rate over every program; docs/scheduling-utility.md, "Departures from the spec")
+    prompts_beside_decoders: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

@@ -667,6 +667,7 @@ class Scheduler:
         return Population(dec, prm, waiting, policy.adaptive_verification_alpha,
                               ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0,
                               defers_decode=bool(policy.prefill_defers_decode),
+                              prompts_beside_decoders=bool(policy.prompts_beside_decoders) and self._shares_frames,
                               shortest_prompts_first=self._shortest_first,
                               scored=scored if scored.handle else None)
 

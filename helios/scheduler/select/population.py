@@ -102,6 +102,9 @@ class Population:
     # ``PolicyConfig.prefill_defers_decode``: charge a prefill-only program the decode round it defers
     # (``scorers.charge_deferred_round``); False, as for a population built elsewhere, is U6's own rate
     defers_decode: bool = False
+    # ``PolicyConfig.prompts_beside_decoders``: with decoders active, prefill-only programs that a mixed
+    # prompt row could stand in for are no candidates (``scorers.drop_prefill_beside_decoders``)
+    prompts_beside_decoders: bool = False
     # ``PolicyConfig.prompts_shortest_first``: prompt rows go to the prompters with the least prompt
     # left (``rankings.DecisionRankings.prompt_ranking``); False ranks them by value
     shortest_prompts_first: bool = False
