@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
                  "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
-                 "prompts_beside_decoders")
+                 "prompts_beside_decoders", "prompts_by_due")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -68,6 +68,13 @@ class PolicyConfig:
     # decoders instead of making every one of them wait the prefill and their own round after it
     # (0: U6's value rate over every program; docs/scheduling-utility.md, "Departures from the spec")
     prompts_beside_decoders: int = 1
+    # 1: where a mixed program carries a prompt row, prompt rows go to the prompters whose prompt would be
+    # done soonest if each were prefilled alone from its admission (admission + its least prefill time;
+    # earlier first), each row valued at the highest prompter price: first-come first-served among prompts
+    # of like length, a short prompt ahead of a long one admitted just before it (0: rows go to the
+    # best-valued prompters, which the fairness price makes take turns; docs/scheduling-utility.md,
+    # "Departures from the spec")
+    prompts_by_due: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

@@ -658,6 +658,9 @@ class Scheduler:
             into.price.append(1.0 + congestion)
             into.first_token.append(beta + congestion if room > 0 and not cut else 0.0)
             into.recency.append(s.last_selected_ns)
+            if self._by_due:
+                whole = times.ms(s.request.prompt_tokens) if times is not None else float(s.request.prompt_tokens)
+                into.due.append(s.admitted_ns / 1e6 + whole)
         # vouched for (select.population.Population): both lists follow ``live``, least recently selected first;
         # one family shares one slope; with beta > 0 every token price is positive (the other
         # preferences are >= 0, PolicyConfig checks, so delivery prices and age credits are too)
@@ -669,6 +672,7 @@ class Scheduler:
                               defers_decode=bool(policy.prefill_defers_decode),
                               prompts_beside_decoders=bool(policy.prompts_beside_decoders) and self._shares_frames,
                               shortest_prompts_first=self._shortest_first,
+                              prompts_by_due=self._by_due,
                               scored=scored if scored.handle else None)
 
     def _apply_choices(self) -> None:
@@ -680,6 +684,9 @@ class Scheduler:
         # their own, and taking turns delays every first output (docs/scheduling-utility.md, "Prompts in
         # order"); beside mixed rows the simulator's report measured it worse (long-docs' ITL tail)
         self._shortest_first = bool(self.policy.prompts_shortest_first) and not self._shares_frames
+        # ``prompts_by_due`` where a mixed program carries a prompt row (docs/scheduling-utility.md, "Prompts
+        # by due time"): there prompt rows ride beside the decoders, and taking turns only delays them all
+        self._by_due = bool(self.policy.prompts_by_due) and self._shares_frames
         self._feasible = None
 
     def _age_price(self, timings) -> float:

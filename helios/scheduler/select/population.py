@@ -84,6 +84,7 @@ class Prompters(Lanes):
     price: list[float] = field(default_factory=list)
     first_token: list[float] = field(default_factory=list)
     times: PrefillTimes | None = None
+    due: list[float] = field(default_factory=list)  # admission + least prefill time of the whole prompt, ms
 
 
 @dataclass(slots=True)
@@ -108,6 +109,9 @@ class Population:
     # ``PolicyConfig.prompts_shortest_first``: prompt rows go to the prompters with the least prompt
     # left (``rankings.DecisionRankings.prompt_ranking``); False ranks them by value
     shortest_prompts_first: bool = False
+    # ``PolicyConfig.prompts_by_due``: prompt rows go to the prompters of the earliest ``Prompters.due``
+    # (``rankings.DecisionRankings.prompt_ranking``); takes precedence over ``shortest_prompts_first``
+    prompts_by_due: bool = False
     # Prompters whose prompt must be scored (``AdmitRequest.scored_prompt``): ranked only for
     # SCORED_PREFILL programs, as ``prompters`` are for prefill and mixed ones (None: nobody)
     scored: Prompters | None = None

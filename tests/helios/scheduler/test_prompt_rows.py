@@ -1,5 +1,5 @@
 """Where prompt rows go beside decoders (issue 20, 2026-12-04): ``PolicyConfig.prompts_beside_decoders``
-(docs/scheduling-utility.md, "Departures from the spec")."""
+and ``PolicyConfig.prompts_by_due`` (docs/scheduling-utility.md, "Departures from the spec")."""
 
 from __future__ import annotations
 
@@ -54,3 +54,23 @@ def test_a_long_prompt_still_prefills_alone_where_mixed_rows_are_small():
     # a 64-token mixed row holds less than half of t2048's capacity: the prompt does not crawl in it
     assert "prefill-b1-t2048" in _prefill_only_beside_decoders(result)
     assert result.request("p").bursts and result.request("p").first_output_ms() < 400
+
+
+def test_prompt_rows_go_first_come_first_served_among_prompts_of_like_length():
+    catalog = load_catalog(EXAMPLE)
+    requests = (*_streams(4), TraceRequest("a", 30 * MS, 500, 8), TraceRequest("b", 34 * MS, 500, 8))
+    ordered = simulate(catalog, Trace(DEFAULTS, 0, requests))
+    b_starts = min(p.start_ns for p in ordered.plans if "b" in p.cohort)
+    assert ordered.request("a").bursts[0].time_ns <= b_starts  # a finishes its prompt before b gets a row
+    turns = simulate(catalog, Trace(replace(DEFAULTS, prompts_by_due=0), 0, requests))
+    b_turn = min(p.start_ns for p in turns.plans if "b" in p.cohort)
+    assert b_turn < turns.request("a").bursts[0].time_ns  # the fairness price alone: they take turns
+    assert ordered.request("a").first_output_ms() < turns.request("a").first_output_ms()
+
+
+def test_a_short_prompt_admitted_just_after_a_long_one_goes_first():
+    catalog = load_catalog(EXAMPLE)
+    requests = (*_streams(4), TraceRequest("long", 30 * MS, 6000, 8), TraceRequest("short", 35 * MS, 64, 8))
+    result = simulate(catalog, Trace(DEFAULTS, 0, requests))
+    assert result.request("short").bursts[0].time_ns < result.request("long").bursts[0].time_ns
+    assert result.request("short").first_output_ms() < 30
