@@ -89,6 +89,7 @@ from helios.scheduler.speculation import (
     PrefixSurvival,
     ProposalDraws,
     RequestAcceptance,
+    extrapolated_survival,
 )
 from helios.scheduler.utility import decision_log_scale, decode_age_price
 from helios.scheduler.types import (
@@ -445,6 +446,8 @@ class Scheduler:
                 continue  # no learned round may run it again (``_draft_falls_behind``)
             estimates = state.acceptance.source(source)
             raw, weights = estimates.means_and_weights(self._max_depth)
+            if self.policy.extrapolate_unobserved_depths:
+                raw = extrapolated_survival(raw, len(estimates.depths))
             means, envelope = [], 1.0
             for mean in raw:
                 envelope = min(envelope, mean)
