@@ -12,7 +12,8 @@ from dataclasses import dataclass, fields, replace
 POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
                  "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
-                 "prompts_beside_decoders", "prompts_by_due", "extrapolate_unobserved_depths")
+                 "prompts_beside_decoders", "prompts_by_due", "extrapolate_unobserved_depths",
+                 "probes_win_as_plans")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -79,6 +80,11 @@ class PolicyConfig:
     # the survival of the deepest observed depth continued at its conditional rate, s_d = s_(d-1) * s_k /
     # s_(k-1), instead of the prior 0.5**d (0; docs/scheduling-utility.md, "Departures from the spec")
     extrapolate_unobserved_depths: int = 1
+    # 1: an acceptance probe (D8) is funded only if, under its optimistic estimate, it would beat the ordinary
+    # winner as a plan: the probed lane's priced tokens per ms less U6's waiting cost of every active decoder
+    # (0: the lane's own optimistic rate beats its ordinary one; docs/scheduling-utility.md, "Departures from
+    # the spec")
+    probes_win_as_plans: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05
