@@ -687,8 +687,8 @@ class Scheduler:
         # their own, and taking turns delays every first output (docs/scheduling-utility.md, "Prompts in
         # order"); beside mixed rows the simulator's report measured it worse (long-docs' ITL tail)
         self._shortest_first = bool(self.policy.prompts_shortest_first) and not self._shares_frames
-        # ``prompts_by_due`` where a mixed program carries a prompt row (docs/scheduling-utility.md, "Prompts
-        # by due time"): there prompt rows ride beside the decoders, and taking turns only delays them all
+        # ``prompts_by_due`` where a mixed program carries a prompt row (docs/scheduling-utility.md, "Departures
+        # from the spec", 9): there prompt rows ride beside the decoders, and taking turns only delays them all
         self._by_due = bool(self.policy.prompts_by_due) and self._shares_frames
         self._feasible = None
 
