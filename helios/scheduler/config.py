@@ -11,7 +11,9 @@ from dataclasses import dataclass, fields, replace
 
 POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
-                 "prompt_outside_rate", "prompts_shortest_first")
+                 "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
+                 "prompts_beside_decoders", "prompts_by_due", "extrapolate_unobserved_depths",
+                 "probes_win_as_plans")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -56,6 +58,33 @@ class PolicyConfig:
     # chunk all finish late (0, or with such a program: rows go to the best-valued prompters;
     # docs/scheduling-utility.md, "Prompts in order")
     prompts_shortest_first: int = 1
+    # 1: a plan is queued behind a running frame (A7's second slot) only while frames run with an empty
+    # queue have shown host time to hide (completion wall time above device time); where they show none
+    # (the simulator), the next frame is chosen when the running one completes, so requests that arrive
+    # meanwhile can join it (0: fill the second slot whenever A7 allows; docs/scheduling-utility.md,
+    # "The second frame slot")
+    queue_ahead_by_host_time: int = 1
+    # 1: while decoders are active, where a measured mixed program carries a prompt row, a prefill-only
+    # program holding at most twice that row's capacity is no candidate: its prompt rides beside the
+    # decoders instead of making every one of them wait the prefill and their own round after it
+    # (0: U6's value rate over every program; docs/scheduling-utility.md, "Departures from the spec")
+    prompts_beside_decoders: int = 1
+    # 1: where a mixed program carries a prompt row, prompt rows go to the prompters whose prompt would be
+    # done soonest if each were prefilled alone from its admission (admission + its least prefill time;
+    # earlier first), each row valued at the highest prompter price: first-come first-served among prompts
+    # of like length, a short prompt ahead of a long one admitted just before it (0: rows go to the
+    # best-valued prompters, which the fairness price makes take turns; docs/scheduling-utility.md,
+    # "Departures from the spec")
+    prompts_by_due: int = 1
+    # 1: a draft depth no completed round has observed for a request reads, in selection and probes, as
+    # the survival of the deepest observed depth continued at its conditional rate, s_d = s_(d-1) * s_k /
+    # s_(k-1), instead of the prior 0.5**d (0; docs/scheduling-utility.md, "Departures from the spec")
+    extrapolate_unobserved_depths: int = 1
+    # 1: an acceptance probe (D8) is funded only if, under its optimistic estimate, it would beat the ordinary
+    # winner as a plan: the probed lane's priced tokens per ms less U6's waiting cost of every active decoder
+    # (0: the lane's own optimistic rate beats its ordinary one; docs/scheduling-utility.md, "Departures from
+    # the spec")
+    probes_win_as_plans: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

@@ -89,6 +89,7 @@ from helios.scheduler.speculation import (
     PrefixSurvival,
     ProposalDraws,
     RequestAcceptance,
+    extrapolated_survival,
 )
 from helios.scheduler.utility import decision_log_scale, decode_age_price
 from helios.scheduler.types import (
@@ -106,6 +107,7 @@ from helios.scheduler.types import (
 )
 
 PROPOSAL_SOURCES = ("learned", "copy")
+HOST_TIME_WEIGHT = 0.125  # each unqueued completion moves the exposed-host-time average this far (``_observe_host_time``)
 
 
 # ---------------------------------------------------------------------------
@@ -257,6 +259,9 @@ class Scheduler:
         self._slots: list[RequestState | None] = [None] * request_slots
         self._generation = 0
         self._queue = FrameQueue()
+        # host time a frame run with an empty queue exposes (wall minus device, averaged; None until one
+        # completes): what A7's second slot can hide (``PolicyConfig.queue_ahead_by_host_time``)
+        self._exposed_host_ns: float | None = None
         self._last_fence: Fence | None = None
         self._max_depth = max((g.proposal_depth for g in self.graphs), default=0)
         self._tracks_draft = False  # ``track_draft_state``
@@ -461,6 +466,8 @@ class Scheduler:
                 continue  # no learned round may run it again (``_draft_falls_behind``)
             estimates = state.acceptance.source(source)
             raw, weights = estimates.means_and_weights(self._max_depth)
+            if self.policy.extrapolate_unobserved_depths:
+                raw = extrapolated_survival(raw, len(estimates.depths))
             means, envelope = [], 1.0
             for mean in raw:
                 envelope = min(envelope, mean)
@@ -474,6 +481,8 @@ class Scheduler:
     def plan(self) -> ScheduledPlan | None:
         """The best plan if it may be committed now; None otherwise (A7-A9)."""
         if not self._queue.accepts_more(self.now_ns):
+            return None
+        if self._queue and not self._queue_ahead_pays():
             return None
         timings, population = self._snapshot()
         choice = self.selector.select(timings, population)
@@ -508,6 +517,29 @@ class Scheduler:
         )
         self.selector.planned(plan, self.now_ns)
         return plan
+
+    def _queue_ahead_pays(self) -> bool:
+        """Whether a plan behind the running frame can hide anything (``PolicyConfig.queue_ahead_by_host_time``).
+
+        A7's second slot keeps the device busy while the host completes one frame and plans the next.
+        Where completed frames show no host time beyond the device's, it hides nothing, and a plan made
+        now instead of at the completion shuts out every request that arrives meanwhile for one more
+        frame (docs/scheduling-utility.md, "The second frame slot"). Before any frame has completed with
+        an empty queue nothing is known, and the second slot is used as A7 allows.
+        """
+        if not self.policy.queue_ahead_by_host_time or self._exposed_host_ns is None:
+            return True
+        return self._exposed_host_ns > 0.0
+
+    def _observe_host_time(self, frame: fq.Frame, timing: ExecutionTiming) -> None:
+        """Average the host time an unqueued frame exposed (a queued frame's wall time includes its wait)."""
+        if frame.queued or timing.device_ns <= 0:
+            return
+        exposed = max(0, timing.wall_ns - timing.device_ns)
+        if self._exposed_host_ns is None:
+            self._exposed_host_ns = float(exposed)
+        else:
+            self._exposed_host_ns += (exposed - self._exposed_host_ns) * HOST_TIME_WEIGHT
 
     def _state_choice(self, timings, population: Population) -> state_ops.StateChoice | None:
         """The best pending state operation (P1-P4, P6), scored on the ordinary decision's snapshot."""
@@ -649,6 +681,9 @@ class Scheduler:
             into.price.append(1.0 + congestion)
             into.first_token.append(beta + congestion if room > 0 and not cut else 0.0)
             into.recency.append(s.last_selected_ns)
+            if self._by_due:
+                whole = times.ms(s.request.prompt_tokens) if times is not None else float(s.request.prompt_tokens)
+                into.due.append(s.admitted_ns / 1e6 + whole)
         # vouched for (select.population.Population): both lists follow ``live``, least recently selected first;
         # one family shares one slope; with beta > 0 every token price is positive (the other
         # preferences are >= 0, PolicyConfig checks, so delivery prices and age credits are too)
@@ -658,7 +693,9 @@ class Scheduler:
         return Population(dec, prm, waiting, policy.adaptive_verification_alpha,
                               ordered=True, uniform_slope=len(counts) <= 1, positive=beta > 0.0,
                               defers_decode=bool(policy.prefill_defers_decode),
+                              prompts_beside_decoders=bool(policy.prompts_beside_decoders) and self._shares_frames,
                               shortest_prompts_first=self._shortest_first,
+                              prompts_by_due=self._by_due,
                               scored=scored if scored.handle else None)
 
     def _apply_choices(self) -> None:
@@ -670,6 +707,9 @@ class Scheduler:
         # their own, and taking turns delays every first output (docs/scheduling-utility.md, "Prompts in
         # order"); beside mixed rows the simulator's report measured it worse (long-docs' ITL tail)
         self._shortest_first = bool(self.policy.prompts_shortest_first) and not self._shares_frames
+        # ``prompts_by_due`` where a mixed program carries a prompt row (docs/scheduling-utility.md, "Departures
+        # from the spec", 9): there prompt rows ride beside the decoders, and taking turns only delays them all
+        self._by_due = bool(self.policy.prompts_by_due) and self._shares_frames
         self._feasible = None
 
     def _age_price(self, timings) -> float:
@@ -871,6 +911,7 @@ class Scheduler:
         self._queue.pop(self.now_ns)
         plan = frame.plan
         self._observe_cost(self._cost_keys[plan.graph.id], timing.device_ns, timing.readiness_delay_ns)
+        self._observe_host_time(frame, timing)
         # D6-D9: every frame that completes pays or earns once, by its plan's reason (cancelled lanes too)
         self.exploration.record(plan.reason, timing, frame.queued)
         before = self._served_before(frame.participants)

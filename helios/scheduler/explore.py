@@ -87,7 +87,7 @@ class Explorer:
     """Funded exploration choices for one catalog (see the module docstring)."""
 
     def __init__(self, graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo], *,
-                 max_depth: int, alpha: float, fixed_width: bool) -> None:
+                 max_depth: int, alpha: float, fixed_width: bool, probes_win_as_plans: bool = False) -> None:
         self.graphs = tuple(graphs)
         self.infos = tuple(infos)
         self.index = {g.id: i for i, g in enumerate(self.graphs)}
@@ -95,6 +95,7 @@ class Explorer:
         self.max_depth = max_depth
         self.alpha = alpha
         self.fixed_width = fixed_width
+        self.probes_win_as_plans = probes_win_as_plans  # ``PolicyConfig.probes_win_as_plans``
         self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
         self._stale_for: Sequence[GraphTiming] | None = None  # the timings ``_stale`` was read from
         self._stale: list[int] = []
@@ -136,6 +137,8 @@ class Explorer:
             if stale_alternatives(cost, {k: c.score for k, c in alternatives.items()}, decision.now_ns):
                 return True
         learn = accounts.can_begin(SelectionReason.ACCEPTANCE_LEARNING) and not self.fixed_width
+        if learn and self.probes_win_as_plans:
+            return self._best_probe(decision, subject) is not None  # the whole search: the gate reads the best
         bases: dict[tuple, ProbeBasis | None] = {}
         return learn and any(self._bests(decision, lane, subject, bases) for lane in self._probe_lanes(decision))
 
@@ -197,7 +200,10 @@ class Explorer:
         if best is None:
             return None
         _, position, _, found = best
-        return found.candidate(lanes[position].room, lanes[position].price, self.alpha), lanes[position].handle
+        candidate = found.candidate(lanes[position].room, lanes[position].price, self.alpha)
+        if self.probes_win_as_plans and not _wins_as_plan(candidate, decision):
+            return None
+        return candidate, lanes[position].handle
 
     def _bests(self, decision: Decision, lane: "_PricedLane", subject,
                bases: dict[tuple, ProbeBasis | None]) -> list["_LaneBest"]:
@@ -448,6 +454,20 @@ class _LaneBest:
     def candidate(self, room: int, price: float, alpha: float) -> ProbeCandidate:
         lane = ProbeLane(self.means, self.weights, room, self.ordinary, token_value=price, alpha=alpha)
         return term_candidate(lane, self.ordinary_depth, self.ordinary_rate, self.term)
+
+
+def _wins_as_plan(candidate: ProbeCandidate, decision: Decision) -> bool:
+    """``PolicyConfig.probes_win_as_plans``: D8's "can win under the optimistic estimate" read for the plan.
+
+    The probe replaces the ordinary winner for its whole duration, so it must beat the winner's U6 score
+    as a plan would: the probed lane's priced tokens under optimism per ms of the probe, less U6's
+    waiting cost of every active decoder over the probe's duration (the lanes it leaves out wait).
+    The lane's delivery and age credits are left out, so the test errs toward not probing
+    (docs/scheduling-utility.md, "Departures from the spec").
+    """
+    t_ms = candidate.program.duration_ns / NS_PER_MS
+    rate = candidate.optimistic_rate - 0.5 * t_ms * decision.population.active_age_price
+    return rate >= decision.winner.score
 
 
 def _order(program: WidthProgram) -> tuple[int, int, int]:

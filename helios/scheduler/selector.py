@@ -72,7 +72,8 @@ class HeliosSelector:
 
     def _make_explorer(self, policy: PolicyConfig) -> Explorer:
         return Explorer(self.graphs, self.infos, max_depth=self._max_depth,
-                        alpha=policy.adaptive_verification_alpha, fixed_width=self._fixed_width)
+                        alpha=policy.adaptive_verification_alpha, fixed_width=self._fixed_width,
+                        probes_win_as_plans=bool(policy.probes_win_as_plans))
 
     def select(self, timings: Sequence[GraphTiming], population: Population) -> Choice | None:
         return select_plan(self.graphs, timings, population, self.infos, self._timing.durations_ms(timings))

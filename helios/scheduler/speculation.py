@@ -57,6 +57,28 @@ POPULATION_STEP = 1.0 / 64.0  # S7: the population prior's step toward each comp
 PROPOSAL_SOURCES = ("learned", "copy")
 
 
+def extrapolated_survival(means: Sequence[float], observed: int) -> tuple[float, ...]:
+    """``PolicyConfig.extrapolate_unobserved_depths``: depths past the ``observed`` ones continue the
+    deepest observed conditional survival (docs/scheduling-utility.md, "Departures from the spec").
+
+    A depth no round has offered sits at the prior mean 0.5**d, so a request whose first drafts are
+    accepted 85 % of the time still reads a third draft as 12 % likely; the wider rounds that would
+    observe it never win, and the estimate never learns (each request starts over from the prior).
+    With at least one observed depth, s_d for d > k (k observed) reads s_(d-1) * q with q = s_k /
+    s_(k-1) (s_0 = 1): geometric prefix survival, the shape the observed depths already show.
+    Nothing stored changes; without an observed depth the prior stands.
+    """
+    if observed <= 0 or observed >= len(means):
+        return tuple(means)
+    deepest = means[observed - 1]
+    before = means[observed - 2] if observed >= 2 else 1.0
+    ratio = min(1.0, deepest / before) if before > 0.0 else 0.0
+    out = list(means)
+    for depth in range(observed, len(out)):
+        out[depth] = out[depth - 1] * ratio
+    return tuple(out)
+
+
 def prior_survival(depth: int) -> float:
     """The population prior for depth d >= 1: 0.5 ** d."""
     return 0.5**depth

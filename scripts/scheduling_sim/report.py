@@ -31,6 +31,7 @@ from helios.scheduler.config import CHOICE_FIELDS, PolicyConfig
 from helios.sim.files import SimulationFileError, load_catalog
 from helios.sim.simulator import simulate
 from scripts.scheduling_sim.baselines import baseline_specs
+from scripts.scheduling_sim.bounds import Bound, capacity_bound
 from scripts.scheduling_sim.capacity import SLO_PAIRS, CapacityRow, capacity_workloads, decode_step_ms, measure_capacity
 from scripts.scheduling_sim.driver import run
 from scripts.scheduling_sim.metrics import Distribution, Metrics, Slo, measure
@@ -155,6 +156,21 @@ def run_capacity(catalog: str, seeds: int, scale: Scale, jobs: int, policy: tupl
     return table
 
 
+def run_bounds(catalog: str, seeds: int, scale: Scale) -> dict[str, dict[str, list[Bound]]]:
+    """workload -> SLO pair -> one capacity upper bound per seed (``bounds.py``; arithmetic, no simulation)."""
+    loaded = load_catalog(catalog)
+    shapes = Shapes(loaded)
+    step = decode_step_ms(shapes)
+    table: dict[str, dict[str, list[Bound]]] = {}
+    for seed in range(seeds):
+        for workload in capacity_workloads(build_workloads(shapes, seed, scale)):
+            for pair in SLO_PAIRS:
+                ttft_ms, itl_ms = pair.limits_ms(step)
+                found = capacity_bound(loaded, workload.trace, workload.capacity_rps, workload.load, ttft_ms, itl_ms)
+                table.setdefault(workload.name, {}).setdefault(pair.name, []).append(found)
+    return table
+
+
 def _collect(rows: dict[str, list[Metrics]], output: dict[str, Metrics]) -> None:
     for scheduler, metrics in output.items():
         rows.setdefault(scheduler, []).append(metrics)
@@ -187,18 +203,19 @@ def _ratio(helios: float, other: float) -> float:
 
 
 def markdown(table: dict[str, dict[str, list[Metrics]]], command: str, seeds: int,
-             capacity: dict[str, dict[str, list[CapacityRow]]] | None = None, step_ms: float | None = None) -> str:
+             capacity: dict[str, dict[str, list[CapacityRow]]] | None = None, step_ms: float | None = None,
+             bounds: dict[str, dict[str, list[Bound]]] | None = None) -> str:
     lines = [
         "# Helios vs baseline schedulers on the simulator", "",
         f"`{command}` ({seeds} seed(s); means over seeds).", "",
         "Ratio tables: Helios / baseline. For req/s, tok/s, goodput and Jain above 1 favours Helios;"
         " for latencies and VTC service differences below 1 favours Helios.", "",
     ]
-    lines += goal(table, capacity or {})
+    lines += goal(table, capacity or {}, bounds or {})
     lines += summary(table)
     lines += pareto(table)
     if capacity:
-        lines += capacity_tables(capacity, step_ms)
+        lines += capacity_tables(capacity, step_ms, bounds or {})
     for workload, rows in table.items():
         lines += _workload_tables(workload, rows)
     lines += _losses(table)
@@ -325,7 +342,8 @@ def capacity_ratios(capacity: dict[str, dict[str, list[CapacityRow]]], pair: str
     return out
 
 
-def goal(table: dict[str, dict[str, list[Metrics]]], capacity: dict[str, dict[str, list[CapacityRow]]]) -> list[str]:
+def goal(table: dict[str, dict[str, list[Metrics]]], capacity: dict[str, dict[str, list[CapacityRow]]],
+         bounds: dict[str, dict[str, list[Bound]]] | None = None) -> list[str]:
     """The issue's goal figures in one place: Pareto, capacity ratio per SLO pair, saturation throughput."""
     dominated = [w for w, rows in table.items() if dominators(rows)]
     lines = ["## Goal figures (issue 20)", "",
@@ -339,6 +357,10 @@ def goal(table: dict[str, dict[str, list[Metrics]]], capacity: dict[str, dict[st
                          f"{pair.itl_steps:g} d), Helios / best baseline: lowest {_cell(ratios[worst])} on {worst}; "
                          + ", ".join(f"{w} {_cell(r)}" for w, r in ratios.items())
                          + " (goal: >= 1.2 everywhere; -: no scheduler meets it even at load 1/64).")
+        room = goal_room(capacity, bounds or {}, pair.name)
+        if room:
+            lines.append(f"  Upper bound (bounds.py) / (1.2 x best baseline), below 1 where the goal is impossible: "
+                         + ", ".join(f"{w} {_cell(r)}" for w, r in room.items()) + ".")
     saturated = [w for w in SATURATED if w in table]
     if saturated:
         parts = []
@@ -351,18 +373,42 @@ def goal(table: dict[str, dict[str, list[Metrics]]], capacity: dict[str, dict[st
     return lines + [""]
 
 
-def capacity_tables(capacity: dict[str, dict[str, list[CapacityRow]]], step_ms: float | None) -> list[str]:
+def _bound_mean(bounds: dict[str, dict[str, list[Bound]]], workload: str, pair: str, read=lambda b: b.trace) -> float:
+    found = (bounds or {}).get(workload, {}).get(pair, [])
+    return sum(read(b) for b in found) / len(found) if found else math.nan
+
+
+def goal_room(capacity: dict[str, dict[str, list[CapacityRow]]], bounds: dict[str, dict[str, list[Bound]]],
+              pair: str) -> dict[str, float]:
+    """Per workload: the capacity upper bound / (1.2 x the best baseline's capacity); inf where no baseline meets
+    the pair, nan where the bound was not computed."""
+    out = {}
+    for workload, rows in capacity.items():
+        bound = _bound_mean(bounds, workload, pair)
+        best = _best_capacity(rows, lambda r: r.capacity[pair])
+        if best is None or math.isnan(bound):
+            continue
+        out[workload] = bound / (1.2 * best[1]) if best[1] > 0 else math.inf
+    return out
+
+
+def capacity_tables(capacity: dict[str, dict[str, list[CapacityRow]]], step_ms: float | None,
+                    bounds: dict[str, dict[str, list[Bound]]] | None = None) -> list[str]:
     """Capacity (load units) per SLO pair, and goodput at overload, Helios against the best baseline."""
     step = "" if step_ms is None else f" (d = {step_ms:.3g} ms on this catalog)"
     lines = ["## Capacity under SLO", "",
              "The largest arrival rate, as a fraction of the catalog's capacity for the workload's mix, at which p99"
              f" TTFT and p99 ITL stay within the pair, in units of the decode step d{step}; bisection on the rate"
              " (scripts/scheduling_sim/capacity.py). Goodput: requests/s meeting their own TTFT and TPOT limits at"
-             " 1.5x capacity.", ""]
+             " 1.5x capacity. Upper bound (scripts/scheduling_sim/bounds.py): the largest load at which the same"
+             " trace passes necessary conditions no scheduler on the catalog escapes (work at the cheapest per-token"
+             " costs of the programs the ITL bound lets run, the request slots, each prompt's fastest path); beside it"
+             " the asymptotic device-time and slot (Little's law) bounds of a long run of the same mix.", ""]
     for pair in SLO_PAIRS:
         lines += [f"### {pair.name}: TTFT p99 <= {pair.ttft_steps:g} d, ITL p99 <= {pair.itl_steps:g} d", "",
-                  "| workload | Helios capacity | best baseline | Helios / best | Helios goodput | best goodput |",
-                  "|---|---|---|---|---|---|"]
+                  "| workload | Helios capacity | best baseline | Helios / best | Helios goodput | best goodput |"
+                  " upper bound (device / slots) | bound / (1.2 x best) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for workload, rows in capacity.items():
             read = lambda r, name=pair.name: r.capacity[name]  # noqa: E731
             good = lambda r, name=pair.name: r.goodput[name]  # noqa: E731
@@ -370,8 +416,13 @@ def capacity_tables(capacity: dict[str, dict[str, list[CapacityRow]]], step_ms: 
             best = _best_capacity(rows, read, lambda r, name=pair.name: (r.leader or {}).get(name))
             best_good = _best_capacity(rows, good, lambda r, name=pair.name: (r.goodput_leader or {}).get(name))
             ratio = capacity_ratios({workload: rows}, pair.name)[workload]
+            bound = _bound_mean(bounds, workload, pair.name)
+            room = goal_room({workload: rows}, bounds, pair.name).get(workload, math.nan)
+            limits = (f"{_cell(bound)} ({_cell(_bound_mean(bounds, workload, pair.name, lambda b: b.device))} / "
+                      f"{_cell(_bound_mean(bounds, workload, pair.name, lambda b: b.slots))})")
             lines.append(f"| {workload} | {_cell(helios)} | {_named(best)} | {_cell(ratio)} | "
-                         f"{_cell(_capacity_mean(rows[HELIOS], good))} | {_named(best_good)} |")
+                         f"{_cell(_capacity_mean(rows[HELIOS], good))} | {_named(best_good)} | "
+                         f"{limits if not math.isnan(bound) else '-'} | {_cell(room)} |")
         lines.append("")
     return lines
 
@@ -488,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = max(len(runs) for rows in results.table.values() for runs in rows.values())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(markdown(results.table, results.command, seeds, results.capacity, results.step_ms))
+    (out / "report.md").write_text(markdown(results.table, results.command, seeds, results.capacity, results.step_ms,
+                                            results.bounds))
     (out / "results.json").write_text(json.dumps(results.to_json(), indent=1))
     print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
     _plots(results.table, out)
@@ -503,10 +555,13 @@ class Results:
     table: dict[str, dict[str, list[Metrics]]]
     capacity: dict[str, dict[str, list[CapacityRow]]] = None  # workload -> scheduler -> one row per seed
     step_ms: float | None = None  # the catalog's decode step d, the SLO unit
+    bounds: dict[str, dict[str, list[Bound]]] = None  # workload -> SLO pair -> one capacity upper bound per seed
 
     def to_json(self) -> dict:
         capacity = {w: {s: [asdict(r) for r in rows] for s, rows in by.items()} for w, by in (self.capacity or {}).items()}
-        return {"command": self.command, "workloads": _json(self.table), "capacity": capacity, "step_ms": self.step_ms}
+        bounds = {w: {p: [asdict(b) for b in found] for p, found in by.items()} for w, by in (self.bounds or {}).items()}
+        return {"command": self.command, "workloads": _json(self.table), "capacity": capacity, "step_ms": self.step_ms,
+                "bounds": bounds}
 
 
 def _load_or_run(args: argparse.Namespace, command: str) -> Results:
@@ -525,7 +580,8 @@ def _load_or_run(args: argparse.Namespace, command: str) -> Results:
                 if capacity_seeds > 0 else {})
     if earlier is not None:
         table, capacity = _with_baselines(table, capacity, earlier, args.baselines_from)
-    return Results(command, table, capacity, decode_step_ms(Shapes(load_catalog(args.catalog))))
+    bounds = run_bounds(args.catalog, capacity_seeds, scale) if capacity_seeds > 0 else {}
+    return Results(command, table, capacity, decode_step_ms(Shapes(load_catalog(args.catalog))), bounds)
 
 
 def _with_baselines(table, capacity, earlier: Results, source: str):
@@ -551,7 +607,8 @@ def load_results(path: Path) -> Results:
     table = {w: {s: [_metrics(m) for m in runs] for s, runs in by.items()} for w, by in rows.items()}
     capacity = {w: {s: [CapacityRow(**r) for r in runs] for s, runs in by.items()}
                 for w, by in document.get("capacity", {}).items()}
-    return Results(document.get("command", "(unknown command)"), table, capacity, document.get("step_ms"))
+    bounds = {w: {p: [Bound(**b) for b in found] for p, found in by.items()} for w, by in document.get("bounds", {}).items()}
+    return Results(document.get("command", "(unknown command)"), table, capacity, document.get("step_ms"), bounds)
 
 
 def _metrics(data: dict) -> Metrics:

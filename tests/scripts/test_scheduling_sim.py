@@ -399,6 +399,7 @@ def test_report_quick_runs_end_to_end_without_matplotlib(tmp_path, monkeypatch, 
     for name in ("helios", "fcfs", "sarathi-64", "sarathi-2048", "vtc", "fixed-k1", "fixed-k7", "smartspec"):
         assert f"| {name} |" in text
     assert "Where Helios loses" in text and "## Pareto check" in text
+    assert "upper bound (device / slots)" in text and "Upper bound (bounds.py)" in text
     results = json.loads((tmp_path / "results.json").read_text())["workloads"]
     assert results["vtc-overload"]["vtc"][0]["service_difference_max"] >= 0
     assert not math.isnan(results["steady-80"]["helios"][0]["request_throughput"])
@@ -591,3 +592,78 @@ def test_best_capacity_answers_from_a_runners_earlier_outcomes_by_monotonicity()
     low, high = Counting(0.1), Counting(2.0)
     best_capacity({"low": low, "high": high}, 10.0, 10.0)
     assert low.asked == 1
+
+
+# ---------------------------------------------------------------------------
+# bounds.py: capacity no scheduler on the catalog can pass
+# ---------------------------------------------------------------------------
+
+
+def test_bound_prices_are_covered_by_every_allowed_program_and_match_the_example_catalogs_costs():
+    from scripts.scheduling_sim import bounds
+
+    catalog = load_catalog(EXAMPLE_CATALOG)
+    programs = bounds.itl_feasible(bounds.frames(catalog), itl_ms=2.5 * 3.78)
+    work = bounds.demands(trace(request("a", 320, 160), request("b", 128, 64)))
+    price = bounds.prices(programs, work)
+    zero = FixedAcceptance(0)
+    for f in programs:  # dual feasibility: no program does more work than its duration pays for
+        assert f.duration_ms >= f.rows * bounds.tokens_per_row(zero, f.width) * price.output_ms[zero] \
+            + f.tokens * price.token_ms - 1e-9
+    # decode-b16 is the cheapest row (3.78 / 16); mixed-b16-t256 (7.62 ms) carries 15 such rows, and what is
+    # left of its duration pays for its 256 prompt tokens
+    assert price.output_ms[zero] == pytest.approx(3.78 / 16, rel=1e-3)
+    assert price.token_ms == pytest.approx((7.62 - 15 * 3.78 / 16) / 256, rel=1e-3)
+
+
+def test_itl_bound_keeps_only_the_programs_that_leave_no_gap_over_it():
+    from scripts.scheduling_sim import bounds
+
+    programs = bounds.frames(load_catalog(EXAMPLE_CATALOG))
+    allowed = bounds.itl_feasible(programs, itl_ms=9.45)
+    assert all(f.duration_ms <= 9.45 for f in allowed if f.rows > 0)
+    prefill = {f.tokens for f in allowed if f.rows == 0}
+    assert prefill == {64, 128, 256}  # t512 (9.68 ms) and above break it; t256 + the 2.58 ms round does not
+    assert any(f.rows == 15 and f.tokens == 256 for f in allowed)  # mixed-b16-t256, 7.62 ms
+
+
+def test_bound_fails_when_more_prompts_than_the_p99_allows_cannot_reach_their_first_token_in_time():
+    from scripts.scheduling_sim import bounds
+
+    programs = bounds.frames(load_catalog(EXAMPLE_CATALOG))
+    quickest = bounds.prompt_path_ms(programs, 8192)
+    assert quickest == pytest.approx(4 * 32.72)  # four prefill-b1-t2048
+    many = [request(f"r{i}", 8192, 4, arrival_ms=1000.0 * i) for i in range(10)]
+    reqs = bounds.requests(trace(*many), programs)
+    assert bounds.allowed_misses(10) == 1
+    assert not bounds.feasible(reqs, 1.0, ttft_ms=quickest - 1, slots=16)
+    assert bounds.feasible(reqs, 1.0, ttft_ms=quickest + 1, slots=16)
+    one = [request("long", 8192, 4)] + [request(f"s{i}", 64, 4, arrival_ms=1000.0 * i + 1) for i in range(9)]
+    assert bounds.feasible(bounds.requests(trace(*one), programs), 1.0, ttft_ms=quickest - 1, slots=16)
+
+
+def test_bound_counts_the_request_slots_a_simultaneous_burst_must_wait_for():
+    from scripts.scheduling_sim import bounds
+
+    programs = bounds.frames(tiny_catalog(slots=4))
+    burst = [request(f"b{i}", 64, 200) for i in range(8)]  # 8 at once, 4 slots: 4 must wait for a finish
+    reqs = bounds.requests(trace(*burst), programs)
+    residence = min(r.residence_ms for r in reqs)
+    assert residence > 199 * 2.1  # 199 decoded tokens, each at least the one-row round
+    assert not bounds.feasible(reqs, 1.0, ttft_ms=residence / 2, slots=4)
+    assert bounds.feasible(reqs, 1.0, ttft_ms=residence / 2, slots=8)
+
+
+def test_bound_is_never_below_a_capacity_a_scheduler_reaches():
+    from scripts.scheduling_sim import bounds
+    from scripts.scheduling_sim.capacity import Runner, capacity
+    from scripts.scheduling_sim.workloads import SHORT_CHAT, poisson_shape
+
+    catalog = dataclasses.replace(load_catalog(EXAMPLE_CATALOG), request_slots=4)  # few slots, so they bind
+    shapes = Shapes(catalog)
+    workload = poisson_shape(shapes, "short-chat", SHORT_CHAT.shorter_outputs(4), 0.7, 40, 0)
+    limit = bounds.capacity_bound(catalog, workload.trace, workload.capacity_rps, workload.load, 20.0, 8.0)
+    assert 0 < limit.trace < 8 and limit.device > 0 and limit.slots > 0
+    for name in ("fcfs", "sarathi-256", "helios"):
+        reached = capacity(Runner(catalog, shapes, workload, name), ttft_ms=20.0, itl_ms=8.0).load
+        assert 0 < reached <= limit.trace

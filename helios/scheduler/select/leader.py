@@ -27,7 +27,7 @@ from helios.scheduler.select.catalog import CatalogInfo, Group, GroupKind, descr
 from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.population import Population
 from helios.scheduler.select.rankings import DecisionRankings
-from helios.scheduler.select.scorers import MISSING, Out, charge_deferred_round
+from helios.scheduler.select.scorers import MISSING, Out, charge_deferred_round, drop_prefill_beside_decoders
 from helios.scheduler.select.timing import GraphTiming, durations_ms
 from helios.scheduler.utility import decision_log_scale
 
@@ -61,6 +61,8 @@ def select(
         SCORERS[kind](sel, group, graphs, timings, out)
     if sel.pop.defers_decode and sel.pop.decoders.handle:
         charge_deferred_round(sel, graphs, described.eager, out)
+    if sel.pop.prompts_beside_decoders and sel.pop.decoders.handle and sel.pop.prompters.handle:
+        drop_prefill_beside_decoders(sel, graphs, described.eager, described.bounded, out)
     skipped += score_bounded(sel, described.bounded, graphs, timings, out)
     if not out.entries:
         fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)

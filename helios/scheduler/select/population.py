@@ -84,6 +84,7 @@ class Prompters(Lanes):
     price: list[float] = field(default_factory=list)
     first_token: list[float] = field(default_factory=list)
     times: PrefillTimes | None = None
+    due: list[float] = field(default_factory=list)  # admission + least prefill time of the whole prompt, ms
 
 
 @dataclass(slots=True)
@@ -102,9 +103,15 @@ class Population:
     # ``PolicyConfig.prefill_defers_decode``: charge a prefill-only program the decode round it defers
     # (``scorers.charge_deferred_round``); False, as for a population built elsewhere, is U6's own rate
     defers_decode: bool = False
+    # ``PolicyConfig.prompts_beside_decoders``: with decoders active, prefill-only programs that a mixed
+    # prompt row could stand in for are no candidates (``scorers.drop_prefill_beside_decoders``)
+    prompts_beside_decoders: bool = False
     # ``PolicyConfig.prompts_shortest_first``: prompt rows go to the prompters with the least prompt
     # left (``rankings.DecisionRankings.prompt_ranking``); False ranks them by value
     shortest_prompts_first: bool = False
+    # ``PolicyConfig.prompts_by_due``: prompt rows go to the prompters of the earliest ``Prompters.due``
+    # (``rankings.DecisionRankings.prompt_ranking``); takes precedence over ``shortest_prompts_first``
+    prompts_by_due: bool = False
     # Prompters whose prompt must be scored (``AdmitRequest.scored_prompt``): ranked only for
     # SCORED_PREFILL programs, as ``prompters`` are for prefill and mixed ones (None: nobody)
     scored: Prompters | None = None

@@ -410,7 +410,9 @@ class DecisionRankings:
             else:
                 values = [prompt_chunk_value(t, left, price, first, p.times)
                           for t, price, first, left in zip(tokens, p.price, p.first_token, p.remaining)]
-            if self.pop.shortest_prompts_first and len(values) > 1:
+            if self.pop.prompts_by_due and len(values) > 1 and len(p.due) == len(values):
+                ranked = _in_order(p, tokens, sorted(range(len(values)), key=lambda i: (p.due[i], -values[i], p.recency[i])))
+            elif self.pop.shortest_prompts_first and len(values) > 1:
                 ranked = _shortest_first(p, tokens, values)
             else:
                 # most prompt programs read only the best row (``top``): the prefix sums wait for a wider one
@@ -433,7 +435,12 @@ def _shortest_first(p, tokens: list[int], values: list[float]) -> OrderedLanes:
     for it splits that prompt in the least time.
     """
     recency = p.recency
-    order = sorted(range(len(values)), key=lambda i: (p.remaining[i], -values[i], recency[i]))
+    return _in_order(p, tokens, sorted(range(len(values)), key=lambda i: (p.remaining[i], -values[i], recency[i])))
+
+
+def _in_order(p, tokens: list[int], order: list[int]) -> OrderedLanes:
+    """Prompt rows in ``order``, each valued at the highest price among the prompters (``_shortest_first``,
+    ``PolicyConfig.prompts_by_due``)."""
     top = max(p.price)
     congestion = top - 1.0  # price is 1 + f/x
     first_token = [(f - (price - 1.0)) + congestion if f > 0.0 else 0.0 for f, price in zip(p.first_token, p.price)]

@@ -255,6 +255,36 @@ def charge_deferred_round(sel: DecisionRankings, graphs, groups, out: Out) -> No
         scores[index] = pair
 
 
+def drop_prefill_beside_decoders(sel: DecisionRankings, graphs, eager, bounded, out: Out) -> None:
+    """With decoders active, no measured prefill-only program that a mixed prompt row could stand in for.
+
+    ``PolicyConfig.prompts_beside_decoders`` (docs/scheduling-utility.md, "Departures from the spec"):
+    a prefill-only frame makes every active decoder wait its whole duration and then its own round,
+    while a mixed program carries a chunk of the same prompt beside them. U6's rate prefers the
+    prefill whenever a newcomer's prompt is worth much more per ms than the decoders' round (with few
+    decoders, nearly always), and each such frame is a gap of prefill plus round for every stream.
+    Here a measured prefill-only program is no candidate when a measured mixed program with a prompt
+    row holds at least half its prompt capacity (so a catalog whose mixed rows are small still
+    prefills long prompts in programs of their own, instead of crawling). Unknown durations keep U8's
+    optimistic work (discovery is untouched).
+    """
+    durations = sel.t_ms
+    carry = 0
+    for group in (*eager, *bounded):
+        if group.kind is GroupKind.MIXED and group.prefill_capacity > carry:
+            if any(durations[index] > 0.0 for index in group.members):
+                carry = group.prefill_capacity
+    if carry == 0:
+        return
+    scores = out.scores
+    for group in eager:
+        if group.kind is GroupKind.PREFILL:
+            for index in group.members:
+                if scores[index] != MISSING and graphs[index].prefill_capacity <= 2 * carry:
+                    scores[index] = MISSING
+                    out.payloads[index] = None
+
+
 def _best_prompt_frame(sel: DecisionRankings, groups, out: Out) -> tuple[float, float]:
     """The U6 numerator and duration of the best measured prefill-only candidate (0.0 duration: none)."""
     best, best_t = MISSING, 0.0

@@ -23,6 +23,10 @@ from helios.scheduler import (
 )
 
 MS = 1_000_000
+# A7's second frame slot whatever the completions' host time: these harnesses complete frames with wall
+# time equal to device time, which the default reads as "no host time to hide" and then plans only into
+# an empty queue (``PolicyConfig.queue_ahead_by_host_time``). Tests of the queue's own rules use this.
+QUEUE_AHEAD = PolicyConfig(queue_ahead_by_host_time=0)
 
 
 def prefill(cap: int, batch: int = 1) -> GraphDescriptor:

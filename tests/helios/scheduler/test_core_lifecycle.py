@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from sched_harness import MS, Driver, ask, decode, measured, mixed, prefill, spec
+from sched_harness import MS, QUEUE_AHEAD, Driver, ask, decode, measured, mixed, prefill, spec
 
 from helios.scheduler import (
     AdmitRequest,
@@ -204,7 +204,7 @@ def test_A5_A10_queue_projection_starts_a_missing_delivery_history_at_one_per_qu
     behind its queued decode frame projects that frame's first burst as one delivery over
     the frame's duration (A5 within the A10 projection), so its delivery price is g * T."""
     g = PolicyConfig().delivery_fairness
-    s = measured({P64: 4.0, D1: 3.0})
+    s = measured({P64: 4.0, D1: 3.0}, policy=QUEUE_AHEAD)
     a = s.admit(ask(64, 50))
     commit_next(s, 1)
     s.complete(1, [CompletionRecord(a, prompt_consumed=64, tokens=(1,))], TIMING)  # never published

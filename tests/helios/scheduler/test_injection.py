@@ -10,7 +10,7 @@ default one beside it.
 from __future__ import annotations
 
 import pytest
-from sched_harness import MS, decode, measured, prefill
+from sched_harness import MS, QUEUE_AHEAD, decode, measured, prefill
 from test_core_lifecycle import decoding
 
 from helios.direct.cost import MovingAverageCost
@@ -59,7 +59,7 @@ class Recording:
 
 
 def test_A8_the_core_asks_fund_only_with_the_queue_empty_and_reports_the_plans_it_hands_out():
-    s = measured({prefill(64): 4.0, decode(2): 3.0})
+    s = measured({prefill(64): 4.0, decode(2): 3.0}, policy=QUEUE_AHEAD)
     _, fence = decoding(s, 2)
     recording = s.selector = Recording(s.selector)
     first = s.plan()

@@ -642,7 +642,7 @@ def test_U5_U8_D8_population_facts_the_core_vouches_for_hold_and_decide_nothing(
             assert len(set(d.age_slope)) <= 1
         for handle, kept in zip(d.handle, d.estimates):  # the probe search's means and weights are current
             acceptance = simulation.scheduler._slots[handle.slot].acceptance
-            assert kept == {source: acceptance.by_source[source].means_and_weights(simulation.scheduler._max_depth)
+            assert kept == {source: _as_selection_reads(simulation.scheduler, acceptance.by_source[source])
                             for source in kept}
             seen["estimates"] += 1
         if population.positive:
@@ -670,3 +670,14 @@ def test_U5_U8_D8_population_facts_the_core_vouches_for_hold_and_decide_nothing(
         assert seen["uniform_slope"] == seen["ordered"]  # one delivery family: one slope, always
     else:
         assert 0 < seen["uniform_slope"] < seen["ordered"]  # two families live at once in some snapshots
+
+
+def _as_selection_reads(scheduler, estimates):
+    """A request's means and weights as the core keeps them for selection and probes: the stored estimates,
+    with ``PolicyConfig.extrapolate_unobserved_depths`` continuing the deepest observed depth."""
+    from helios.scheduler.speculation import extrapolated_survival
+
+    means, weights = estimates.means_and_weights(scheduler._max_depth)
+    if scheduler.policy.extrapolate_unobserved_depths:
+        means = extrapolated_survival(means, len(estimates.depths))
+    return means, weights

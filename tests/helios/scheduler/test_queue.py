@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_harness import MS, Driver, ask, decode, measured, prefill, spec
+from sched_harness import MS, QUEUE_AHEAD, Driver, ask, decode, measured, prefill, spec
 from test_core_lifecycle import TIMING, commit_next, decoding, prompt_records
 
 from helios.scheduler import (
@@ -22,7 +22,7 @@ P64, P512, D1, D2 = prefill(64), prefill(512), decode(1), decode(2)
 
 
 def test_A7_decode_fills_both_frame_slots_and_no_more():
-    s = measured({P64: 4.0, D2: 3.0})
+    s = measured({P64: 4.0, D2: 3.0}, policy=QUEUE_AHEAD)
     (a, b), fence = decoding(s, 2)
     first = commit_next(s, fence + 1)
     second = commit_next(s, fence + 2)
@@ -47,7 +47,8 @@ def test_A7_prefill_drains_the_window():
 
 def test_A8_winner_needing_an_empty_window_blocks_lower_value_queueable_work():
     # output tokens nearly worthless: a long prompt chunk is the best use of the device
-    policy = PolicyConfig(output_token_value=0.01, token_fairness=0.01, delivery_fairness=0.0, decode_age_price=0.0)
+    policy = PolicyConfig(output_token_value=0.01, token_fairness=0.01, delivery_fairness=0.0, decode_age_price=0.0,
+                          queue_ahead_by_host_time=0)
     s = measured({P512: 5.0, D2: 3.0}, policy=policy)
     (a,), fence = decoding(s, 1, max_tokens=500)
     fence += 1
@@ -77,7 +78,7 @@ def test_A9_expected_ends_restart_from_each_completion():
     # time around the program call. The frame behind the completed one started at the completion,
     # so its expected end is the completion plus its estimate, and queueing never stops; ends
     # chained from commit time would fall 1 ms further behind per frame and be past within 3 frames.
-    s = measured({P64: 4.0, D2: 3.0})
+    s = measured({P64: 4.0, D2: 3.0}, policy=QUEUE_AHEAD)
     (a, b), fence = decoding(s, 2, max_tokens=40)
     plans = {fence + 1: commit_next(s, fence + 1), fence + 2: commit_next(s, fence + 2)}
     oldest, now = fence + 1, s.now_ns
@@ -120,7 +121,7 @@ def test_A10_projection_uses_expected_delivery_and_leaves_history_alone():
 
 def test_A11_queued_speculative_lane_advances_at_most_its_ceiling():
     A = spec(2, 4, aggregate=6, source=ValueSource.PREFIX_LIMIT)
-    s = measured({P64: 4.0, A: 5.0})
+    s = measured({P64: 4.0, A: 5.0}, policy=QUEUE_AHEAD)
     h = s.admit(ask(64, 7, sources=("learned",)))
     Driver(s, {P64: 4.0, A: 5.0}).run(1)  # prefill: one token out, 6 left
     first = commit_next(s, 10)
@@ -132,7 +133,7 @@ def test_A11_queued_speculative_lane_advances_at_most_its_ceiling():
 
 def test_A11_a_queued_lane_whose_ceiling_exceeds_P_counts_only_P():
     A = spec(2, 4, aggregate=3, source=ValueSource.PREFIX_LIMIT)  # ceiling 4 > P = 3
-    s = measured({P64: 4.0, A: 5.0})
+    s = measured({P64: 4.0, A: 5.0}, policy=QUEUE_AHEAD)
     s.admit(ask(64, 7, sources=("learned",)))
     Driver(s, {P64: 4.0, A: 5.0}).run(1)  # prefill: one token out, 6 left
     first = commit_next(s, 10)
@@ -156,7 +157,7 @@ def test_D5_unknown_graph_is_discovered_only_with_an_empty_window():
 
 def test_D5_stale_graph_needs_feedback_and_commit_rechecks_freshness():
     ttl = PolicyConfig().estimate_ttl_ns
-    s = measured({P64: 4.0, D2: 3.0})
+    s = measured({P64: 4.0, D2: 3.0}, policy=QUEUE_AHEAD)
     (a, b), fence = decoding(s, 2)
     fence += 1
     commit_next(s, fence)
@@ -187,3 +188,46 @@ def test_D5_stale_winner_keeps_its_measured_cost_but_waits_for_feedback():
     s.advance_to(s.now_ns + 3 * MS)
     s.complete(fence + 1, [CompletionRecord(a, tokens=(1,)), CompletionRecord(b, tokens=(1,))], TIMING)
     assert not s.plan().requires_feedback  # the completion made it fresh again
+
+
+# PolicyConfig.queue_ahead_by_host_time (docs/scheduling-utility.md, "The second frame slot")
+
+
+def test_A7_the_second_slot_stays_empty_while_completions_show_no_host_time():
+    s = measured({P64: 4.0, D2: 3.0})
+    (a, b), fence = decoding(s, 2)  # the prompt frames completed with wall time == device time
+    assert commit_next(s, fence + 1).graph is D2
+    assert s.plan() is None  # nothing to hide: the next frame is chosen at the completion
+    assert measured({P64: 4.0, D2: 3.0}, policy=QUEUE_AHEAD)._queue_ahead_pays()
+
+
+def test_A7_the_second_slot_fills_once_completions_show_host_time():
+    s = measured({P64: 4.0, D2: 3.0})
+    assert s._queue_ahead_pays()  # nothing measured yet: A7's second slot as it allows
+    handles = [s.admit(ask(64, 50)) for _ in range(2)]
+    fence = 0
+    while any(s.request_view(h).phase is LanePhase.PROMPT for h in handles):
+        fence += 1
+        plan = commit_next(s, fence)
+        s.advance_to(s.now_ns + 4 * MS)
+        for token in s.complete(fence, prompt_records(plan), ExecutionTiming(4 * MS, 4 * MS + 300_000)):
+            s.published_output(token.handle, fence)
+    assert commit_next(s, fence + 1).graph is D2
+    queued = s.plan()  # 0.3 ms of host time per frame: planning behind the running frame hides it
+    assert queued is not None and queued.graph is D2 and not queued.requires_feedback
+
+
+def test_a_request_arriving_during_a_decode_frame_joins_the_next_frame_on_the_simulator():
+    from helios.sim.files import Trace, TraceRequest, load_catalog
+    from helios.sim.simulator import simulate
+
+    catalog = load_catalog("examples/simulation/catalog.yaml")
+    streams = [TraceRequest(f"s{i}", 0, 64, 200) for i in range(4)]
+    late = TraceRequest("late", 40 * MS + MS // 2, 64, 8)  # arrives inside a decode round
+    for policy, frames_later in ((PolicyConfig.preset("balanced"), 0), (QUEUE_AHEAD, 1)):
+        result = simulate(catalog, Trace(policy, 0, (*streams, late)))
+        running = next(p for p in result.plans if p.start_ns <= late.arrival_ns < p.end_ns)
+        assert "late" not in running.cohort and running.graph.kind is GraphKind.DECODE
+        after = [p for p in result.plans if p.start_ns >= running.end_ns]
+        first = next(i for i, p in enumerate(after) if "late" in p.cohort)
+        assert first == frames_later  # with the second slot filled, the frame after the running one was taken
