@@ -82,14 +82,8 @@ def choose_native_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, st
 
     if kernels.active() != "native":
         return None
-    fixed = environ.get(NATIVE_ROWS_ENV, "").strip()
-    if fixed:
-        try:
-            rows = int(fixed)
-        except ValueError:
-            rows = -1
-        if not DECODE_ROWS <= rows <= MAX_NATIVE_ROWS:
-            raise ValueError(f"{NATIVE_ROWS_ENV}={fixed!r}: expected a row count from {DECODE_ROWS} to {MAX_NATIVE_ROWS}")
+    rows = _fixed_rows(environ, NATIVE_ROWS_ENV, DECODE_ROWS, MAX_NATIVE_ROWS)
+    if rows is not None:
         kernels.native_linear_rows(rows)
         return RowsChoice(rows, NATIVE_ROWS_ENV)
     shapes = {}
@@ -107,6 +101,21 @@ def choose_native_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, st
     rows = pick_native_rows(timings)
     kernels.native_linear_rows(rows)
     return RowsChoice(rows, "measured", tuple(timings))
+
+
+def _fixed_rows(environ: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+    """The row bound environment variable ``name`` fixes (None when unset); ValueError names a value that
+    is not an integer from ``low`` to ``high``."""
+    fixed = environ.get(name, "").strip()
+    if not fixed:
+        return None
+    try:
+        rows = int(fixed)
+    except ValueError:
+        rows = low - 1
+    if not low <= rows <= high:
+        raise ValueError(f"{name}={fixed!r}: expected a row count from {low} to {high}")
+    return rows
 
 
 def _time_kernels(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[float, float]:
@@ -169,14 +178,8 @@ def choose_chunk_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str
 
     if kernels.active() != "native":
         return None
-    fixed = environ.get(CHUNK_ROWS_ENV, "").strip()
-    if fixed:
-        try:
-            rows = int(fixed)
-        except ValueError:
-            rows = -1
-        if not 0 <= rows <= MAX_CHUNK_ROWS:
-            raise ValueError(f"{CHUNK_ROWS_ENV}={fixed!r}: expected a row count from 0 to {MAX_CHUNK_ROWS}")
+    rows = _fixed_rows(environ, CHUNK_ROWS_ENV, 0, MAX_CHUNK_ROWS)
+    if rows is not None:
         kernels.native_linear_chunk_rows(rows)
         return ChunkChoice(kernels.native_linear_chunk_rows(), CHUNK_ROWS_ENV)
     if kernels.native_linear_chunk_rows(MAX_CHUNK_ROWS) == 0:
@@ -209,14 +212,8 @@ def choose_row_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] 
     if kernels.active() != "native":
         return None
     other = "chunked" if kernels.native_linear_chunk_rows() else "panel"
-    fixed = environ.get(ROW_ROWS_ENV, "").strip()
-    if fixed:
-        try:
-            rows = int(fixed)
-        except ValueError:
-            rows = -1
-        if not 0 <= rows <= MAX_ROW_ROWS:
-            raise ValueError(f"{ROW_ROWS_ENV}={fixed!r}: expected a row count from 0 to {MAX_ROW_ROWS}")
+    rows = _fixed_rows(environ, ROW_ROWS_ENV, 0, MAX_ROW_ROWS)
+    if rows is not None:
         kernels.native_linear_row_rows(rows)
         return ChunkChoice(rows, ROW_ROWS_ENV, order="row", other=other)
     matrices = [w for w in weights if w.dim() == 2 and w.dtype == torch.float32 and w.shape[1] >= 16
