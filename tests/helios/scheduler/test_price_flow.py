@@ -18,6 +18,7 @@ import pytest
 from sched_harness import Driver, ask, decode, measured, mixed, prefill
 
 from helios.scheduler import GraphKind, PolicyConfig
+from helios.scheduler.config import CHOICE_FIELDS
 from helios.scheduler.types import LanePhase
 from helios.scheduler.utility import PrefillTimes, prompt_chunk_value
 
@@ -259,8 +260,7 @@ def test_prompts_shortest_first_values_rows_at_the_queues_highest_price():
 
 
 def test_the_choices_are_zero_or_one():
-    for name in ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
-                 "prompt_outside_rate", "prompts_shortest_first"):
+    for name in CHOICE_FIELDS:
         with pytest.raises(ValueError, match=f"{name} must be 0 or 1"):
             dataclasses.replace(PolicyConfig(), **{name: 2})
     # every derived choice is the default (docs/scheduling-utility.md, "Departures from the spec")
