@@ -147,7 +147,7 @@ CHUNK_CANDIDATE_ROWS = (1, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkChoice:
+class OrderChoice:
     """A loop order's row bound for this process (the chunked order's, or the row order's), and what
     decided it."""
 
@@ -167,7 +167,7 @@ class ChunkChoice:
 
 
 def choose_chunk_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ,
-                      repeats: int = 2) -> ChunkChoice | None:
+                      repeats: int = 2) -> OrderChoice | None:
     """Set the row bound of the native kernel's chunked order for this process: ``FLARE_LINEAR_CHUNK_ROWS``
     when set, else the candidate sizes, from one row up, at which a pass over every float32 matrix of
     ``weights``, in order (what a step reads, so the last-level cache holds what it would), ran faster
@@ -181,18 +181,15 @@ def choose_chunk_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str
     rows = _fixed_rows(environ, CHUNK_ROWS_ENV, 0, MAX_CHUNK_ROWS)
     if rows is not None:
         kernels.native_linear_chunk_rows(rows)
-        return ChunkChoice(kernels.native_linear_chunk_rows(), CHUNK_ROWS_ENV)
+        return OrderChoice(kernels.native_linear_chunk_rows(), CHUNK_ROWS_ENV)
     if kernels.native_linear_chunk_rows(MAX_CHUNK_ROWS) == 0:
-        return ChunkChoice(0, "built without AVX-512: one loop order")
-    matrices = [w for w in weights if w.dim() == 2 and w.dtype == torch.float32 and w.shape[1] >= 16
-                and w.is_contiguous()]
+        return OrderChoice(0, "built without AVX-512: one loop order")
+    matrices = _streamed_matrices(weights)
     if not matrices:
         kernels.native_linear_chunk_rows(DEFAULT_CHUNK_ROWS)
-        return ChunkChoice(DEFAULT_CHUNK_ROWS, "no float32 matrix to measure on")
+        return OrderChoice(DEFAULT_CHUNK_ROWS, "no float32 matrix to measure on")
     kernels.native_linear_row_rows(0)  # measured against the panel order alone; choose_row_rows comes after
-    rows, timings = _measure_bound(matrices, CHUNK_CANDIDATE_ROWS, repeats, kernels.native_linear_chunk_rows)
-    megabytes = sum(w.numel() for w in matrices) * 4 / 1e6
-    return ChunkChoice(rows, "measured", megabytes, tuple(timings))
+    return _measured_order(matrices, CHUNK_CANDIDATE_ROWS, repeats, kernels.native_linear_chunk_rows, "chunked", "panel")
 
 
 ROW_ROWS_ENV = "FLARE_LINEAR_ROW_ROWS"  # a fixed bound instead of the measurement (0..64)
@@ -201,7 +198,7 @@ ROW_CANDIDATE_ROWS = (1, 2, 4, 8, 16)  # decode batches; one row's stream matter
 
 
 def choose_row_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ,
-                    repeats: int = 2) -> ChunkChoice | None:
+                    repeats: int = 2) -> OrderChoice | None:
     """Set the row bound of the native kernel's row order (one weight row at a time, one sequential stream)
     for this process: ``FLARE_LINEAR_ROW_ROWS`` when set, else the candidate sizes, from one row up, at which a
     pass over every float32 matrix of ``weights`` in order ran faster in the row order than in the order that
@@ -215,19 +212,22 @@ def choose_row_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] 
     rows = _fixed_rows(environ, ROW_ROWS_ENV, 0, MAX_ROW_ROWS)
     if rows is not None:
         kernels.native_linear_row_rows(rows)
-        return ChunkChoice(rows, ROW_ROWS_ENV, order="row", other=other)
-    matrices = [w for w in weights if w.dim() == 2 and w.dtype == torch.float32 and w.shape[1] >= 16
-                and w.is_contiguous()]
+        return OrderChoice(rows, ROW_ROWS_ENV, order="row", other=other)
+    matrices = _streamed_matrices(weights)
     if not matrices:
         kernels.native_linear_row_rows(0)
-        return ChunkChoice(0, "no float32 matrix to measure on", order="row", other=other)
-    rows, timings = _measure_bound(matrices, ROW_CANDIDATE_ROWS, repeats, kernels.native_linear_row_rows)
-    megabytes = sum(w.numel() for w in matrices) * 4 / 1e6
-    return ChunkChoice(rows, "measured", megabytes, tuple(timings), order="row", other=other)
+        return OrderChoice(0, "no float32 matrix to measure on", order="row", other=other)
+    return _measured_order(matrices, ROW_CANDIDATE_ROWS, repeats, kernels.native_linear_row_rows, "row", other)
 
 
-def _measure_bound(matrices: list[torch.Tensor], candidates: Sequence[int], repeats: int, set_bound
-                   ) -> tuple[int, list[tuple[int, float, float]]]:
+def _streamed_matrices(weights: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The float32 matrices a decode step streams through ``flare::linear``, in catalog order."""
+    return [w for w in weights if w.dim() == 2 and w.dtype == torch.float32 and w.shape[1] >= 16
+            and w.is_contiguous()]
+
+
+def _measured_order(matrices: list[torch.Tensor], candidates: Sequence[int], repeats: int, set_bound,
+                    order: str, other: str) -> OrderChoice:
     """An order's bound (``set_bound``: a kernels setting): the candidates, ascending, up to the first at
     which a pass over ``matrices`` ran slower with the order serving it (bound m) than without (bound m - 1);
     the bound is set before returning. Measured on the native kernel at any row count."""
@@ -246,7 +246,8 @@ def _measure_bound(matrices: list[torch.Tensor], candidates: Sequence[int], repe
         kernels.native_linear_rows(native_before)
     rows = pick_native_rows(timings, floor=0)
     set_bound(rows)
-    return rows, timings
+    megabytes = sum(w.numel() for w in matrices) * 4 / 1e6
+    return OrderChoice(rows, "measured", megabytes, tuple(timings), order, other)
 
 
 def _time_bound(weights: list[torch.Tensor], rows: int, repeats: int, set_bound) -> tuple[float, float]:
@@ -270,7 +271,7 @@ def _time_bound(weights: list[torch.Tensor], rows: int, repeats: int, set_bound)
 
 
 def choose_linear_kernels(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ
-                          ) -> tuple[ChunkChoice | RowsChoice, ...]:
+                          ) -> tuple[OrderChoice | RowsChoice, ...]:
     """What ``flare run`` sets before its warm-up: the loop orders (``choose_chunk_rows``, then
     ``choose_row_rows`` against it), then the native kernel's row bound (``choose_native_rows``), each
     measured on ``weights`` or fixed by its environment variable. The choices made (none with the Python

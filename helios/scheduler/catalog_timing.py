@@ -111,16 +111,15 @@ class CatalogTiming:
             return  # same estimate and freshness: everything derived from the list still holds
         self._raw[key] = timing
         timings = list(self._timings)
-        touched = [*indices, *(t for i in indices for t in self._floored_by.get(i, ()))]
+        touched = [*indices, *(t for i in indices for t in self._floored_by.get(i, ()))]  # and twins they floor
         for index in touched:
             timings[index] = self._floored(index)
-        indices = touched
         self._timings = timings
         self._durations = None
         self._prefill = None
         self._normalizer = self._best_rate()
         for shapes in self._families.values():
-            shapes.update(indices, timings)
+            shapes.update(touched, timings)
 
     def reset(self, now_ns: int) -> None:
         """Rebuild everything from the cost model (at start, after the TTL changes, when an entry turns stale)."""
