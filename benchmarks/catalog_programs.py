@@ -95,6 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     catalog = load(args.catalog, trust=True)
+    packed = catalog.pack_linear_weights()  # as the engine does (FLARE_LINEAR_PACK=0: the weights as read)
+    print(f"{packed} weights packed for flare::linear's packed kernel")
     for choice in choose_linear_kernels(t for weights in catalog.weights.values() for t in weights.values()):
         print(choice.describe())  # as flare run sets them before its warm-up (FLARE_LINEAR_* fix them)
     state = catalog.allocate_state()

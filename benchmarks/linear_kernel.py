@@ -61,6 +61,9 @@ def main() -> None:
     gigabytes = sum(w.numel() for layer in layers for w in layer) * 4 / 1e9
     print(f"kernels {kernels.active()}, {args.threads} thread(s), {args.model}: {count} layers"
           f"{' and the head' if tiny else ''} ({gigabytes * 1e3:.0f} MB)")
+    # the same weights laid out for the packed kernel (csrc/flare_ops.cpp, "Packed weights"), where it exists
+    packed = ([[torch.ops.flare.pack_linear_weight(w) for w in layer] for layer in layers]
+              if kernels.packs_linear_weights() else None)
     chunk_before = kernels.native_linear_chunk_rows()
     if chunk_before is None:
         raise SystemExit("error: the native kernels are not installed (FLARE_OPS_KERNELS); nothing to compare")
@@ -85,23 +88,38 @@ def main() -> None:
                         torch.ops.flare.linear(xs[w.shape[1]], w)
             return run
 
+        def flare_packed():
+            for layer in packed:
+                for w in layer:
+                    torch.ops.flare.linear(xs[w.shape[1]], w)
+
         # the native kernel's two loop orders (csrc/flare_ops.cpp; the same bits): chunked, then panel
         chunked, panel = flare(rows), flare(rows - 1)
-        a, c, p_ = [], [], []
+        a, c, p_, k_ = [], [], [], []
         for _ in range(3):
             a.append(median_ms(aten))
+            if packed is not None:
+                k_.append(median_ms(flare_packed))
             if rows <= MAX_CHUNK_ROWS:  # above, the chunked order does not serve
                 c.append(median_ms(chunked))
             p_.append(median_ms(panel))
         kernels.native_linear_chunk_rows(chunk_before)
         a_ms, c_ms, p_ms = min(a), min(c, default=math.inf), min(p_)
         f_ms = min(c_ms, p_ms)
+        k_ms = min(k_, default=math.inf)
+        if packed is not None:
+            errors["packed"] = max(float((torch.ops.flare.linear(xs[w.shape[1]], pw) - xs[w.shape[1]].double()
+                                          @ w.double().T).abs().max()) for w, pw in zip(layers[0], packed[0]))
         chunked_text = f"{c_ms:7.1f} ms" if c else "    n/a"  # the chunked order serves at most 64 rows
         ratio_text = f"{p_ms / c_ms:4.2f}" if c else " n/a"
         print(f"M={rows:3d}: aten {a_ms:7.1f} ms ({gigabytes / a_ms * 1e3:5.1f} GB/s)  flare chunked {chunked_text}, "
               f"panel {p_ms:7.1f} ms ({gigabytes / f_ms * 1e3:5.1f} GB/s at the better)  panel/chunked "
               f"{ratio_text}  aten/flare {a_ms / f_ms:4.2f}  max error aten {errors['aten']:.1e} flare "
               f"{errors['flare']:.1e}")
+        if packed is not None:
+            print(f"        packed {k_ms:7.1f} ms ({gigabytes / k_ms * 1e3:5.1f} GB/s, {2 * rows * gigabytes / 4 / k_ms * 1e3:5.1f} "
+                  f"GFLOP/s)  unpacked/packed {f_ms / k_ms:4.2f}  aten/packed {a_ms / k_ms:4.2f}  max error packed "
+                  f"{errors['packed']:.1e}")
 
 if __name__ == "__main__":
     main()

@@ -99,19 +99,29 @@ class ArgSpec:
 
 @dataclass(frozen=True, slots=True)
 class WeightSet:
-    """One safetensors file shared by every program; ``keys`` is the dict order programs expect."""
+    """One safetensors file shared by every program; ``keys`` is the dict order programs expect.
+
+    ``linear_keys`` are the keys that every program reads only as the weight of ``flare::linear`` (found in
+    the exported graphs at capture): the runtime may lay those out for its packed kernel. Absent in catalogs
+    captured before it was recorded (nothing is packed then).
+    """
 
     name: str
     file: str
     sha256: str
     keys: tuple[str, ...]
+    linear_keys: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "file": self.file, "sha256": self.sha256, "keys": list(self.keys)}
+        out: dict[str, Any] = {"name": self.name, "file": self.file, "sha256": self.sha256, "keys": list(self.keys)}
+        if self.linear_keys:
+            out["linear_keys"] = list(self.linear_keys)
+        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> WeightSet:
-        return cls(str(raw["name"]), str(raw["file"]), str(raw["sha256"]), tuple(raw["keys"]))
+        return cls(str(raw["name"]), str(raw["file"]), str(raw["sha256"]), tuple(raw["keys"]),
+                   tuple(str(k) for k in raw.get("linear_keys", ())))
 
 
 _ENVELOPE_FIELDS = ("request_slots", "prefill_chunk", "draft_depth", "speculative_token_capacity", "mixed")

@@ -260,6 +260,31 @@ class Catalog:
             self._weights = {w.name: _read_weight_set(self.path, w) for w in self.manifest.weights}
         return self._weights
 
+    def pack_linear_weights(self) -> int:
+        """Lay out each weight set's ``linear_keys`` for ``flare::linear``'s packed kernel, in place of the
+        tensors read (csrc/flare_ops.cpp, "Packed weights"), where this process can (``helios.ops.kernels.
+        packs_linear_weights``); the programs then take the packed tensors. Call it before the first program
+        runs (the engine does, on a CPU device). Returns how many tensors are packed; idempotent."""
+        from helios.ops import kernels
+
+        if not kernels.packs_linear_weights():
+            return 0
+        sets, packed = self.weights, 0
+        for weight_set in self.manifest.weights:
+            tensors = sets[weight_set.name]
+            for key in weight_set.linear_keys:
+                tensor = tensors[key]
+                if tensor.dim() != 2 or tensor.dtype != torch.float32:
+                    continue  # the packed kernel is float32 only
+                if not torch.ops.flare.linear_weight_packed(tensor):
+                    tensors[key] = torch.ops.flare.pack_linear_weight(tensor)
+                packed += 1
+        if packed:
+            # the combined dicts, and any program already bound to them, name the tensors read before
+            self._program_weights.clear()
+            self._programs.clear()
+        return packed
+
     def program_weights(self, spec: ArgSpec) -> dict[str, torch.Tensor]:
         """The dict a weights input takes: its set, then each prefixed set as ``<set>.<key>``
         (built once per combination; the tensors are shared, not copied)."""
@@ -524,6 +549,10 @@ def _check_manifest(manifest: Manifest) -> None:
     _check_envelope(manifest.envelope)
     _check_unique("program id", [p.id for p in manifest.programs])
     _check_unique("weight set", [w.name for w in manifest.weights])
+    for weight_set in manifest.weights:
+        stray = [k for k in weight_set.linear_keys if k not in set(weight_set.keys)]
+        if stray:
+            raise CatalogError(f"weight set {weight_set.name!r}: linear_keys {stray[:3]} are not among its keys")
     _check_state(manifest.state, manifest.envelope)
     for program in manifest.programs:
         _check_program_signature(program, manifest)

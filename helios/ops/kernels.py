@@ -36,6 +36,7 @@ ENV = "FLARE_OPS_KERNELS"
 CHOICES = ("auto", "native", "python")
 SOURCE = Path(__file__).with_name("csrc") / "flare_ops.cpp"
 LIBRARY_NAME = "libflare_ops.so"
+PACK_ENV = "FLARE_LINEAR_PACK"  # 1 (the default): pack the catalog's linear weights where the build can
 
 _PYTHON_KERNELS = {
     "write_kv": kv_cache.write_kv,
@@ -86,6 +87,8 @@ def install(choice: str | None = None) -> str:
             _Installed.native.flare_linear_native_rows.restype = ctypes.c_int64
             _Installed.native.flare_linear_chunk_rows.argtypes = [ctypes.c_int64]
             _Installed.native.flare_linear_chunk_rows.restype = ctypes.c_int64
+            _Installed.native.flare_linear_packs.argtypes = []
+            _Installed.native.flare_linear_packs.restype = ctypes.c_int64
             _install_python(_PYTHON_ONLY)
             _Installed.kind = "native"
             return "native"
@@ -121,6 +124,18 @@ def native_linear_chunk_rows(rows: int | None = None) -> int | None:
     if rows is not None:
         setting(int(rows))
     return int(setting(-1))
+
+
+def packs_linear_weights() -> bool:
+    """Whether this process lays ``flare::linear``'s weights out for its packed kernel at catalog load: the
+    native kernels, built with AVX-512 (csrc/flare_ops.cpp, "Packed weights"), and ``FLARE_LINEAR_PACK``
+    not 0. A bad ``FLARE_LINEAR_PACK`` is bad input (one line, exit 2)."""
+    raw = os.environ.get(PACK_ENV, "1").strip()
+    if raw not in ("0", "1"):
+        raise KernelChoiceError(f"{PACK_ENV}={raw!r} is not 0 or 1")
+    if raw == "0" or active() != "native":
+        return False
+    return bool(_Installed.native.flare_linear_packs())  # type: ignore[union-attr]
 
 
 def native_linear_row_rows(rows: int | None = None) -> int | None:

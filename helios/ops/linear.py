@@ -88,7 +88,7 @@ def choose_native_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, st
         return RowsChoice(rows, NATIVE_ROWS_ENV)
     shapes = {}
     for w in weights:
-        if w.dim() == 2 and w.dtype == torch.float32 and 0 < w.numel() <= MAX_MEASURED_ELEMENTS:
+        if w.dim() == 2 and w.dtype == torch.float32 and 0 < w.numel() <= MAX_MEASURED_ELEMENTS and not _packed(w):
             shapes.setdefault(tuple(w.shape), w)
     if not shapes:
         return RowsChoice(kernels.native_linear_rows(), "no float32 matrix to measure on")
@@ -223,7 +223,15 @@ def choose_row_rows(weights: Iterable[torch.Tensor], environ: Mapping[str, str] 
 def _streamed_matrices(weights: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """The float32 matrices a decode step streams through ``flare::linear``, in catalog order."""
     return [w for w in weights if w.dim() == 2 and w.dtype == torch.float32 and w.shape[1] >= 16
-            and w.is_contiguous()]
+            and w.is_contiguous() and not _packed(w)]
+
+
+def _packed(weight: torch.Tensor) -> bool:
+    """A weight laid out for the packed kernel, which serves it at every row count: no order or bound to
+    measure on it (csrc/flare_ops.cpp, "Packed weights")."""
+    from helios.ops import kernels
+
+    return kernels.active() == "native" and bool(torch.ops.flare.linear_weight_packed(weight))
 
 
 def _measured_order(matrices: list[torch.Tensor], candidates: Sequence[int], repeats: int, set_bound,

@@ -24,6 +24,11 @@ SCHEMAS = {
     # x [..., in] @ weight[out, in]^T (+ bias): the model's matrix products, so small-M decode steps can use a
     # kernel that streams each weight once (native) while prefill keeps ATen's GEMM.
     "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor",
+    # a weight laid out for flare::linear's packed kernel (native, AVX-512 builds only; helios.ops.kernels
+    # packs_linear_weights says whether this process can), and whether a weight is so laid out. Called at
+    # catalog load, never from a program.
+    "pack_linear_weight": "pack_linear_weight(Tensor weight) -> Tensor",
+    "linear_weight_packed": "linear_weight_packed(Tensor weight) -> bool",
     # tokens [B, W] from processed logits [B, W, V]: greedy rows argmax, sampled rows the exponential race
     # (helios.ops.sampling), so the filter and the noise follow the rows that sample.
     "sample": "sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "

@@ -349,6 +349,8 @@ class HeliosEngine:
         if config.speculation == "adaptive" and config.adaptive_floor == "plain":
             self.scheduler.track_draft_state()  # ordinary decode stays beside learned rounds (select_programs)
         self._sources = tuple(sorted({g.proposal_source for g in graphs if g.draws_proposals}))
+        if torch.device(config.device).type == "cpu":
+            catalog.pack_linear_weights()  # before any program binds the weights
         state = catalog.allocate_state(config.device)
         self.executor = Executor(state, program_for or catalog.program, self._eos, config.device)
         self.checkpoints.row_bytes = _checkpoint_row_bytes(state, self.checkpoints.rows)

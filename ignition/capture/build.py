@@ -84,7 +84,8 @@ def write_catalog(
         weights = _write_weights(root, source.weights)
         observer.step("copy tokenizer")
         tokenizer = _copy_tokenizer(root, source)
-        programs = _export_programs(root, source, weights, observer, compiled, jobs)
+        programs, uses = _export_programs(root, source, weights, observer, compiled, jobs)
+        weights = _with_linear_keys(weights, uses)
         observer.step("write manifest")
         manifest = dataclasses.replace(_manifest(source, weights, tokenizer, programs),
                                        compile="aoti" if compiled else "none")
@@ -115,10 +116,23 @@ def _copy_tokenizer(root: Path, source: CaptureSource) -> dict:
     return {"reference": source.tokenizer_reference, "files": hashes}
 
 
+Uses = tuple[tuple[tuple[str, str], bool], ...]  # ExportedProgram.weight_uses as picklable pairs
+
+
+def _with_linear_keys(weights: tuple[WeightSet, ...], uses: list[Uses]) -> tuple[WeightSet, ...]:
+    """Each set with the keys that every program reads only as flare::linear's weight (and one reads)."""
+    only: dict[tuple[str, str], bool] = {}
+    for program in uses:
+        for weight, linear in program:
+            only[weight] = only.get(weight, True) and linear
+    return tuple(dataclasses.replace(w, linear_keys=tuple(k for k in w.keys if only.get((w.name, k), False)))
+                 for w in weights)
+
+
 def _export_programs(
     root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver,
     compiled: frozenset[str], jobs: int = 1,
-) -> tuple[ProgramEntry, ...]:
+) -> tuple[tuple[ProgramEntry, ...], list[Uses]]:
     (root / "programs").mkdir()
     observer.step(f"export {len(source.graphs)} programs"
                   + (f" and compile {len(compiled)} with AOTInductor" if compiled else ""))
@@ -126,12 +140,11 @@ def _export_programs(
     workers = min(jobs, len(source.graphs)) if source.rebuild is not None else 1
     if workers > 1:
         return _export_in_workers(root, source, weights, observer, compiled, workers)
-    entries = []
+    done = {}
     for descriptor in _compiled_first(source.graphs, compiled):
-        entries.append(_export_one(root, source, weights, descriptor, descriptor.id in compiled))
+        done[descriptor.id] = _export_one(root, source, weights, descriptor, descriptor.id in compiled)
         observer.program_done(descriptor)
-    by_id = {entry.id: entry for entry in entries}
-    return tuple(by_id[d.id] for d in source.graphs)
+    return tuple(done[d.id][0] for d in source.graphs), [done[d.id][1] for d in source.graphs]
 
 
 def _compiled_ids(graphs: tuple[GraphDescriptor, ...], compile: str, kinds: tuple[str, ...],
@@ -160,7 +173,8 @@ def _worker_start(rebuild) -> None:
     _WORKER_SOURCE = rebuild()
 
 
-def _worker_export(root: Path, weights: tuple[WeightSet, ...], descriptor: GraphDescriptor, aoti: bool) -> ProgramEntry:
+def _worker_export(root: Path, weights: tuple[WeightSet, ...], descriptor: GraphDescriptor,
+                   aoti: bool) -> tuple[ProgramEntry, Uses]:
     assert _WORKER_SOURCE is not None, "worker used before its source was rebuilt"
     return _export_one(root, _WORKER_SOURCE, weights, descriptor, aoti)
 
@@ -168,24 +182,25 @@ def _worker_export(root: Path, weights: tuple[WeightSet, ...], descriptor: Graph
 def _export_in_workers(
     root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], observer: CaptureObserver,
     compiled: frozenset[str], workers: int,
-) -> tuple[ProgramEntry, ...]:
-    """Export in ``workers`` fresh (spawned) processes; entries come back in plan order."""
+) -> tuple[tuple[ProgramEntry, ...], list[Uses]]:
+    """Export in ``workers`` fresh (spawned) processes; entries (and weight uses) come back in plan order."""
     context = multiprocessing.get_context("spawn")  # never fork a process that has started torch threads
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
                              initargs=(source.rebuild,)) as pool:
         futures = {pool.submit(_worker_export, root, weights, d, d.id in compiled): d
                    for d in _compiled_first(source.graphs, compiled)}
-        done: dict[str, ProgramEntry] = {}
+        done: dict[str, tuple[ProgramEntry, Uses]] = {}
         for future in as_completed(futures):
             descriptor = futures[future]
             done[descriptor.id] = future.result()
             observer.program_done(descriptor)
-    return tuple(done[d.id] for d in source.graphs)
+    return tuple(done[d.id][0] for d in source.graphs), [done[d.id][1] for d in source.graphs]
 
 
 def _export_one(
     root: Path, source: CaptureSource, weights: tuple[WeightSet, ...], descriptor: GraphDescriptor, aoti: bool
-) -> ProgramEntry:
+) -> tuple[ProgramEntry, Uses]:
+    """The program's manifest entry, and which weights it reads only as flare::linear's weight."""
     relative = f"programs/{descriptor.id}.pt2"
     compiled = f"programs/{descriptor.id}.aoti.pt2" if aoti else None
     spec = source.build(descriptor)
@@ -196,10 +211,11 @@ def _export_one(
         if arg.weights is not None and exported.weight_orders[arg.name] != arg.weight_order(orders):
             raise CaptureError(f"program {descriptor.id}: input {arg.name!r} orders its weight keys differently "
                                f"from weight set {arg.weights!r}; programs must share one key order")
-    return ProgramEntry(
+    entry = ProgramEntry(
         descriptor, exported.inputs, exported.outputs, relative, file_sha256(root / relative),
         compiled_file=compiled, compiled_sha256=file_sha256(root / compiled) if compiled else None,
     )
+    return entry, tuple(exported.weight_uses.items())
 
 
 def _state_tensors(programs: tuple[ProgramEntry, ...]) -> tuple[ArgSpec, ...]:

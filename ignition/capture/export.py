@@ -9,6 +9,7 @@ file would embed the example weights and caches.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +40,9 @@ class ExportedProgram:
     inputs: tuple[ArgSpec, ...]
     outputs: tuple[ArgSpec, ...]
     weight_orders: Mapping[str, tuple[str, ...]]  # input name -> dict key order it was exported with
+    # (weight set, key) -> True where every op of the graph that reads the weight is flare::linear taking it
+    # as its weight, False where some other op reads it (weights the graph never reads are left out)
+    weight_uses: Mapping[tuple[str, str], bool] = dataclasses.field(default_factory=dict)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -75,7 +79,32 @@ def export_program(
     torch.export.save(ep, path)
     inputs = tuple(_input_spec(name, arg, mutated, weight_sets) for name, arg in zip(spec.input_names, args))
     orders = {name: tuple(arg) for name, arg in zip(spec.input_names, args) if isinstance(arg, Mapping)}
-    return ExportedProgram(inputs, outputs, orders)
+    return ExportedProgram(inputs, outputs, orders, _weight_uses(ep, spec.input_names, args, inputs, weight_sets))
+
+
+def _weight_uses(ep: torch.export.ExportedProgram, input_names: Sequence[str], args: Sequence[Any],
+                 inputs: Sequence[ArgSpec], weight_sets: Mapping[str, frozenset[str]]) -> dict[tuple[str, str], bool]:
+    """For each weight the graph reads, (set, key) -> whether only flare::linear reads it, as its weight."""
+    leaves: list[tuple[str, str] | None] = []  # per flattened user input, in export's order: the weight it is
+    for name, arg, spec in zip(input_names, args, inputs):
+        if not isinstance(arg, Mapping):
+            leaves += [None] * len(torch.utils._pytree.tree_leaves(arg))
+            continue
+        for key in arg:  # a dict flattens in its insertion order
+            owner = next((s for s in spec.prefixed if key.startswith(f"{s}.") and key[len(s) + 1:] in weight_sets[s]),
+                         None)
+            leaves.append((owner, key[len(owner) + 1:]) if owner else (spec.weights, key))
+    weights = dict(zip(ep.graph_signature.user_inputs, leaves, strict=True))
+    linear = torch.ops.flare.linear.default
+    uses: dict[tuple[str, str], bool] = {}
+    for node in ep.graph.nodes:
+        weight = weights.get(node.name) if node.op == "placeholder" else None
+        if weight is None or not node.users:
+            continue
+        uses[weight] = all(user.op == "call_function" and user.target is linear and len(user.args) >= 2
+                           and user.args[1] is node and user.args[0] is not node and node not in user.args[2:]
+                           and node not in user.kwargs.values() for user in node.users)
+    return uses
 
 
 def _input_spec(name: str, arg: Any, mutated: set[str], weight_sets: Mapping[str, frozenset[str]]) -> ArgSpec:
