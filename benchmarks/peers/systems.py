@@ -122,10 +122,15 @@ def target(name: str, layout: Layout, repo_root: Path) -> Target:
                   has_draft=False, default_rate=0.25)
 
 
+# Raised when a capture records something an older one lacks, so the harness captures afresh
+# (2: the manifest's linear_keys, which the packed flare::linear kernel needs).
+CAPTURE_REVISION = 2
+
+
 def recipe_digest(recipe: Path) -> str:
-    """Names the harness's capture by its recipe's text, so a changed recipe captures afresh instead of
-    serving the catalog an older one made."""
-    return hashlib.sha256(recipe.read_bytes()).hexdigest()[:10]
+    """Names the harness's capture by its recipe's text (and CAPTURE_REVISION), so a changed recipe
+    captures afresh instead of serving the catalog an older one made."""
+    return hashlib.sha256(recipe.read_bytes() + f"\nrevision {CAPTURE_REVISION}".encode()).hexdigest()[:10]
 
 
 def default_systems(model: Target) -> tuple[str, ...]:

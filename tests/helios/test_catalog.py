@@ -374,3 +374,46 @@ def test_weights_are_loaded_on_64_byte_boundaries_with_the_files_values(catalog_
         for key in weight_set.keys:
             assert loaded[key].data_ptr() % 64 == 0, f"{weight_set.name}.{key} is not 64-byte aligned"
             assert torch.equal(loaded[key], raw[key]), f"{weight_set.name}.{key} changed in the copy"
+
+
+def test_capture_records_the_weights_only_flare_linear_reads(catalog):
+    """linear_keys come from the exported graphs: every projection of both models (read by flare::linear
+    alone), and not the tied embedding, which the embedding lookup reads beside the head's product."""
+    assert [w.name for w in catalog.manifest.weights] == ["target", "draft"]
+    for weight_set in catalog.manifest.weights:
+        projections = tuple(k for k in weight_set.keys if k.endswith("_proj.weight") or k == "lm_head.weight")
+        assert len(projections) >= 7 and weight_set.linear_keys == projections, weight_set.name
+        assert "model.embed_tokens.weight" not in weight_set.linear_keys
+        assert "lm_head.weight" not in weight_set.keys  # tied: the head's product reads the embedding
+
+
+def _packs() -> bool:
+    from helios.ops import kernels
+
+    return kernels.active() == "native" and kernels.packs_linear_weights()
+
+
+@pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
+def test_packing_lays_out_exactly_the_linear_keys_once(catalog, monkeypatch):
+    """Catalog.pack_linear_weights packs each set's linear_keys and nothing else, hands programs the packed
+    tensors, changes nothing a second time, and packs nothing under FLARE_LINEAR_PACK=0."""
+    fresh = load(catalog.path)
+    monkeypatch.setenv("FLARE_LINEAR_PACK", "0")
+    assert fresh.pack_linear_weights() == 0
+    assert not any(torch.ops.flare.linear_weight_packed(t) for ts in fresh.weights.values() for t in ts.values())
+    monkeypatch.delenv("FLARE_LINEAR_PACK")
+    before = {name: dict(ts) for name, ts in fresh.weights.items()}
+    expected = sum(len(w.linear_keys) for w in fresh.manifest.weights)
+    assert fresh.pack_linear_weights() == expected
+    for weight_set in fresh.manifest.weights:
+        for key, tensor in fresh.weights[weight_set.name].items():
+            packed = key in weight_set.linear_keys
+            assert bool(torch.ops.flare.linear_weight_packed(tensor)) == packed, key
+            assert (tensor is before[weight_set.name][key]) == (not packed), key
+            assert tensor.shape == before[weight_set.name][key].shape
+    spec = next(a for a in fresh.entry("decode_b1").inputs if a.weights is not None)
+    bound = fresh.program_weights(spec)
+    assert all(bound[k] is fresh.weights["target"][k] for k in fresh.manifest.weights[0].linear_keys)
+    again = {name: dict(ts) for name, ts in fresh.weights.items()}
+    assert fresh.pack_linear_weights() == expected
+    assert all(fresh.weights[n][k] is t for n, ts in again.items() for k, t in ts.items())

@@ -188,6 +188,9 @@ CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("weights truncated, hash rewritten", truncated_weights, "draft.safetensors: 6294736 bytes, but its header describes"),
     ("weights lack a recorded tensor", manifest(lambda r: r["weights"][0]["keys"].append("model.bogus.weight")),
      "lacks weights ['model.bogus.weight'] recorded in the manifest"),
+    ("a linear key the set lacks",
+     manifest(lambda r: r["weights"][0].setdefault("linear_keys", []).append("model.bogus.weight")),
+     "weight set 'target': linear_keys ['model.bogus.weight'] are not among its keys"),
 ]
 
 

@@ -471,6 +471,71 @@ def test_choose_row_rows_measures_against_the_order_chosen_before_or_takes_the_e
             linear.choose_row_rows(weights, environ={linear.ROW_ROWS_ENV: bad})
 
 
+def _packs() -> bool:
+    return kernels.active() == "native" and kernels.packs_linear_weights()
+
+
+@pytest.mark.numerics
+@pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
+@pytest.mark.parametrize("rows", [1, 3, 7, 8, 9, 16, 17, 300])
+@pytest.mark.parametrize("inner, outer", [(64, 9), (100, 32), (384, 33), (37, 70)])
+def test_packed_linear_matches_a_float64_product(rows, inner, outer):
+    """A packed weight gives x @ weight.T + bias at any row count, past the 8-row blocks (tails 1-7) and
+    past 256 rows (no ATen fallback can read it), and at any output count (a last panel under 32, whose
+    padding must not reach the output), within one K-long chain's bound of the exact product."""
+    gen = torch.Generator().manual_seed(rows * 1000 + inner + outer)
+    x = torch.randn(rows, inner, generator=gen)
+    weight, bias = torch.randn(outer, inner, generator=gen), torch.randn(outer, generator=gen)
+    packed = torch.ops.flare.pack_linear_weight(weight)
+    assert packed.shape == weight.shape and packed.stride() == weight.stride()
+    assert torch.ops.flare.linear_weight_packed(packed) and not torch.ops.flare.linear_weight_packed(weight)
+    assert torch.ops.flare.pack_linear_weight(packed) is not None  # packing a packed weight keeps it
+    assert torch.ops.flare.linear_weight_packed(torch.ops.flare.pack_linear_weight(packed))
+    tolerance = chain_tolerance(torch.float32, [inner + 1])
+    want = (x.double() @ weight.double().T + bias.double()).float()
+    assert_close_paths(torch.ops.flare.linear(x, packed, bias), want, tolerance, "packed linear with bias")
+    assert_close_paths(torch.ops.flare.linear(x, packed), (x.double() @ weight.double().T).float(), tolerance,
+                       "packed linear")
+    out = torch.ops.flare.linear(x.view(1, rows, inner), packed, bias)
+    assert out.shape == (1, rows, outer)
+
+
+@pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
+def test_packed_linear_rows_do_not_depend_on_the_batch():
+    """A row's product through a packed weight is the same bits whatever rows share the call, at every row
+    count (8-row blocks, their tails, and above the unpacked kernel's 256-row bound)."""
+    gen = torch.Generator().manual_seed(11)
+    x, weight = torch.randn(300, 200, generator=gen), torch.randn(45, 200, generator=gen)
+    bias = torch.randn(45, generator=gen)
+    packed = torch.ops.flare.pack_linear_weight(weight)
+    alone = torch.cat([torch.ops.flare.linear(x[i:i + 1], packed, bias) for i in range(300)])
+    for rows in (2, 3, 7, 8, 9, 15, 16, 17, 64, 257, 300):
+        assert torch.equal(torch.ops.flare.linear(x[:rows], packed, bias), alone[:rows]), rows
+        assert torch.equal(torch.ops.flare.linear(x[300 - rows:], packed, bias), alone[300 - rows:]), rows
+
+
+@pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
+def test_packing_refuses_what_it_cannot_lay_out():
+    """Only 2-D float32 weights are packed; a packed weight takes float32 rows only (ATen, which serves
+    other dtypes, cannot read it): each refusal names the problem."""
+    with pytest.raises(ValueError, match="2-D float32"):
+        torch.ops.flare.pack_linear_weight(torch.randn(8))
+    with pytest.raises(ValueError, match="2-D float32"):
+        torch.ops.flare.pack_linear_weight(torch.randn(4, 8, dtype=torch.float64))
+    packed = torch.ops.flare.pack_linear_weight(torch.randn(4, 8))
+    with pytest.raises(ValueError, match="packed float32 weight takes float32"):
+        torch.ops.flare.linear(torch.randn(2, 8, dtype=torch.float64), packed)
+
+
+def test_packing_follows_flare_linear_pack(monkeypatch):
+    """FLARE_LINEAR_PACK=0 turns packing off; a value other than 0 or 1 is refused as bad input."""
+    monkeypatch.setenv(kernels.PACK_ENV, "0")
+    assert not kernels.packs_linear_weights()
+    monkeypatch.setenv(kernels.PACK_ENV, "yes")
+    with pytest.raises(kernels.KernelChoiceError, match="FLARE_LINEAR_PACK='yes' is not 0 or 1"):
+        kernels.packs_linear_weights()
+
+
 def test_linear_passes_opcheck_and_refuses_a_wrong_shape():
     gen = torch.Generator().manual_seed(1)
     x, weight, bias = torch.randn(3, 32, generator=gen), torch.randn(8, 32, generator=gen), torch.randn(8, generator=gen)
