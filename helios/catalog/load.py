@@ -208,6 +208,7 @@ class Catalog:
         self._programs: dict[str, CatalogProgram] = {}
         self._weights: dict[str, dict[str, torch.Tensor]] | None = None
         self._program_weights: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
+        self._packed: int | None = None  # pack_linear_weights's count, once it has run
 
     @property
     def descriptors(self) -> tuple[GraphDescriptor, ...]:
@@ -263,27 +264,32 @@ class Catalog:
     def pack_linear_weights(self) -> int:
         """Lay out each weight set's ``linear_keys`` for ``flare::linear``'s packed kernel, in place of the
         tensors read (csrc/flare_ops.cpp, "Packed weights"), where this process can (``helios.ops.kernels.
-        packs_linear_weights``); the programs then take the packed tensors. Call it before the first program
-        runs (the engine does, on a CPU device). Returns how many tensors are packed; idempotent."""
+        packs_linear_weights``), and the other float32 weights, as they are, into one huge-page allocation
+        beside them (``flare::gather_weights``); the programs then take the new tensors. Call it before the
+        first program runs (the engine does, on a CPU device). Returns how many tensors are packed; runs
+        once (later calls return the same count and change nothing)."""
         from helios.ops import kernels
 
         if not kernels.packs_linear_weights():
             return 0
-        sets, packed = self.weights, 0
-        for weight_set in self.manifest.weights:
-            tensors = sets[weight_set.name]
-            for key in weight_set.linear_keys:
-                tensor = tensors[key]
-                if tensor.dim() != 2 or tensor.dtype != torch.float32:
-                    continue  # the packed kernel is float32 only
-                if not torch.ops.flare.linear_weight_packed(tensor):
-                    tensors[key] = torch.ops.flare.pack_linear_weight(tensor)
-                packed += 1
-        if packed:
-            # the combined dicts, and any program already bound to them, name the tensors read before
-            self._program_weights.clear()
-            self._programs.clear()
-        return packed
+        if self._packed is not None:
+            return self._packed
+        sets = self.weights
+        # every set's in one allocation, in the order a step reads them (flare::pack_linear_weights)
+        chosen = [(w.name, key) for w in self.manifest.weights for key in w.linear_keys
+                  if sets[w.name][key].dim() == 2 and sets[w.name][key].dtype == torch.float32]  # float32 only
+        for (name, key), tensor in zip(chosen, torch.ops.flare.pack_linear_weights([sets[n][k] for n, k in chosen])):
+            sets[name][key] = tensor
+        # the rest (norms, a tied embedding its head's product reads) in one huge-page allocation too
+        linear = set(chosen)
+        rest = [(n, k) for n, tensors in sets.items() for k in tensors if (n, k) not in linear]
+        for (name, key), tensor in zip(rest, torch.ops.flare.gather_weights([sets[n][k] for n, k in rest])):
+            sets[name][key] = tensor
+        # the combined dicts, and any program already bound to them, name the tensors read before
+        self._program_weights.clear()
+        self._programs.clear()
+        self._packed = len(chosen)
+        return self._packed
 
     def program_weights(self, spec: ArgSpec) -> dict[str, torch.Tensor]:
         """The dict a weights input takes: its set, then each prefixed set as ``<set>.<key>``

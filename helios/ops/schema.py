@@ -28,6 +28,9 @@ SCHEMAS = {
     # packs_linear_weights says whether this process can), and whether a weight is so laid out. Called at
     # catalog load, never from a program.
     "pack_linear_weight": "pack_linear_weight(Tensor weight) -> Tensor",
+    "pack_linear_weights": "pack_linear_weights(Tensor[] weights) -> Tensor[]",  # one allocation for all
+    # the same placement (one huge-page allocation) for weights kept as they are
+    "gather_weights": "gather_weights(Tensor[] weights) -> Tensor[]",
     "linear_weight_packed": "linear_weight_packed(Tensor weight) -> bool",
     # tokens [B, W] from processed logits [B, W, V]: greedy rows argmax, sampled rows the exponential race
     # (helios.ops.sampling), so the filter and the noise follow the rows that sample.

@@ -409,8 +409,9 @@ def test_packing_lays_out_exactly_the_linear_keys_once(catalog, monkeypatch):
         for key, tensor in fresh.weights[weight_set.name].items():
             packed = key in weight_set.linear_keys
             assert bool(torch.ops.flare.linear_weight_packed(tensor)) == packed, key
-            assert (tensor is before[weight_set.name][key]) == (not packed), key
             assert tensor.shape == before[weight_set.name][key].shape
+            if not packed:  # moved beside the packed ones (flare::gather_weights), values unchanged
+                assert torch.equal(tensor, before[weight_set.name][key]), key
     spec = next(a for a in fresh.entry("decode_b1").inputs if a.weights is not None)
     bound = fresh.program_weights(spec)
     assert all(bound[k] is fresh.weights["target"][k] for k in fresh.manifest.weights[0].linear_keys)

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -629,41 +630,93 @@ bool is_packed(const at::Tensor& weight) {
   return weight.has_storage() && weight.storage().data_ptr().get_deleter() == &free_packed;
 }
 
-at::Tensor pack_linear_weight(const at::Tensor& weight) {
-  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
-                    "flare::pack_linear_weight: a 2-D float32 CPU weight expected, got ", weight.sizes(), " ",
-                    weight.scalar_type());
-  if (is_packed(weight)) return weight;
+// Every weight of the list laid out in one allocation, in list order (a decode step's reading order, so
+// the step streams one region): 2 MiB-aligned and advised as huge pages (transparent huge pages are often
+// "madvise" only). With separate 4 KiB-page allocations, processes with the same settings ran flare-tiny's
+// decode_b1 2.7 or 3.9 ms, by where their pages landed (docs/benchmarks.md, "Packed weights"). Each result
+// is a view of the shared storage, freed with the last of them; a weight already packed is returned as is.
+std::vector<at::Tensor> pack_linear_weights(at::TensorList weights) {
+  for (const at::Tensor& weight : weights)
+    TORCH_CHECK_VALUE(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
+                      "flare::pack_linear_weight: a 2-D float32 CPU weight expected, got ", weight.sizes(), " ",
+                      weight.scalar_type());
 #if !defined(__AVX512F__)
-  TORCH_CHECK(false, "flare::pack_linear_weight: this build has no AVX-512 (the packed products need it)");
+  TORCH_CHECK(weights.empty(), "flare::pack_linear_weight: this build has no AVX-512 (the packed products need it)");
 #endif
-  const at::Tensor w = weight.contiguous();
-  const int64_t N = w.size(0), K = w.size(1);
-  const int64_t panels = (N + kPackWidth - 1) / kPackWidth;
-  const size_t used = static_cast<size_t>(panels * kPackWidth * K) * sizeof(float);
-  // Whole 2 MiB pages where the weight fills one, advised as huge pages (transparent huge pages are often
-  // "madvise" only): a decode step walks every weight once, and 4 KiB pages cost a TLB miss every 4 KiB.
+  std::vector<int64_t> offsets(weights.size(), -1);  // in floats; -1: already packed
+  int64_t total = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (is_packed(weights[i])) continue;
+    offsets[i] = total;
+    const int64_t panels = (weights[i].size(0) + kPackWidth - 1) / kPackWidth;
+    total += (panels * kPackWidth * weights[i].size(1) + 15) / 16 * 16;  // each starts on a 64-byte line
+  }
+  std::vector<at::Tensor> out(weights.begin(), weights.end());
+  if (total == 0) return out;
   constexpr size_t kHuge = size_t{2} << 20;
+  const size_t used = static_cast<size_t>(total) * sizeof(float);
   const size_t align = used >= kHuge ? kHuge : 64;
-  const size_t bytes = std::max<size_t>((used + align - 1) / align * align, align);
+  const size_t bytes = (used + align - 1) / align * align;
   void* data = std::aligned_alloc(align, bytes);
   TORCH_CHECK(data != nullptr, "flare::pack_linear_weight: cannot allocate ", bytes, " bytes");
   if (align == kHuge) madvise(data, bytes, MADV_HUGEPAGE);  // advice only: no error if refused
-  float* packed = static_cast<float*>(data);
-  const float* src = w.data_ptr<float>();
-  for (int64_t p = 0; p < panels; ++p) {
-    float* panel = packed + p * kPackWidth * K;
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t c = 0; c < kPackWidth; ++c) {
-        const int64_t n = p * kPackWidth + c;
-        panel[k * kPackWidth + c] = n < N ? src[n * K + k] : 0.0f;
-      }
-  }
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes,
                        c10::DataPtr(data, data, &free_packed, c10::Device(c10::DeviceType::CPU)),
                        /*allocator=*/nullptr, /*resizable=*/false);
-  at::Tensor out = at::empty({0}, w.options());
-  out.set_(storage, 0, {N, K}, {K, 1});
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (offsets[i] < 0) continue;
+    const at::Tensor w = weights[i].contiguous();
+    const int64_t N = w.size(0), K = w.size(1), panels = (N + kPackWidth - 1) / kPackWidth;
+    float* packed = static_cast<float*>(data) + offsets[i];
+    const float* src = w.data_ptr<float>();
+    for (int64_t p = 0; p < panels; ++p) {
+      float* panel = packed + p * kPackWidth * K;
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t c = 0; c < kPackWidth; ++c) {
+          const int64_t n = p * kPackWidth + c;
+          panel[k * kPackWidth + c] = n < N ? src[n * K + k] : 0.0f;
+        }
+    }
+    out[i] = at::empty({0}, w.options());
+    out[i].set_(storage, offsets[i], {N, K}, {K, 1});
+  }
+  return out;
+}
+
+at::Tensor pack_linear_weight(const at::Tensor& weight) { return pack_linear_weights({weight})[0]; }
+
+void free_gathered(void* data) { std::free(data); }
+
+// The weights of the list copied as they are (same layout, same values) into one 2 MiB-aligned allocation
+// advised as huge pages, in list order: what pack_linear_weights does for placement, for the weights it
+// does not pack (norms, and a tied embedding that the head's product also reads, at 16% of flare-tiny's
+// bytes). Each result is a view of the shared storage; non-float32 or non-CPU tensors are returned as is.
+std::vector<at::Tensor> gather_weights(at::TensorList weights) {
+  std::vector<int64_t> offsets(weights.size(), -1);  // in bytes
+  int64_t total = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!weights[i].device().is_cpu() || weights[i].scalar_type() != at::kFloat || is_packed(weights[i])) continue;
+    offsets[i] = total;
+    total += (weights[i].numel() * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
+  }
+  std::vector<at::Tensor> out(weights.begin(), weights.end());
+  if (total == 0) return out;
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t align = static_cast<size_t>(total) >= kHuge ? kHuge : 64;
+  const size_t bytes = (static_cast<size_t>(total) + align - 1) / align * align;
+  void* data = std::aligned_alloc(align, bytes);
+  TORCH_CHECK(data != nullptr, "flare::gather_weights: cannot allocate ", bytes, " bytes");
+  if (align == kHuge) madvise(data, bytes, MADV_HUGEPAGE);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes,
+                       c10::DataPtr(data, data, &free_gathered, c10::Device(c10::DeviceType::CPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (offsets[i] < 0) continue;
+    const at::Tensor w = weights[i].contiguous();
+    std::memcpy(static_cast<char*>(data) + offsets[i], w.data_ptr<float>(), w.numel() * sizeof(float));
+    out[i] = at::empty({0}, w.options());
+    out[i].set_(storage, offsets[i] / static_cast<int64_t>(sizeof(float)), w.sizes(), w.strides());
+  }
   return out;
 }
 
@@ -888,6 +941,8 @@ TORCH_LIBRARY_IMPL(flare, CPU, m) {
   m.impl("write_token_history", &write_token_history);
   m.impl("linear", &linear);
   m.impl("pack_linear_weight", &pack_linear_weight);
+  m.impl("pack_linear_weights", &pack_linear_weights);
+  m.impl("gather_weights", &gather_weights);
   m.impl("linear_weight_packed", &linear_weight_packed);
   m.impl("sample", &sample);
 }
