@@ -12,7 +12,10 @@ accepted. Each depth is an aged running mean:
   acceptance (S8) without stating a starting mean for acceptance; issue 3 asks
   for the same prior here. Each extra draft halving the chance keeps an
   untrained request's expected output modest (below 2 at any width) while
-  still letting a first speculative round be tried.
+  still letting a first speculative round be tried. Where the scheduler's
+  ``AcceptancePopulation`` shows first drafts that no measured program can
+  pay for, a new request starts at its means instead
+  (``PolicyConfig.acceptance_from_population``).
 - An observation v in [0, 1] moves the mean by (v - mean) / w' where
   w' = min(w + 1, 128): a plain average until 128 observations, then an
   exponential average with step 1/128 (S8's cap).
