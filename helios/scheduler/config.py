@@ -87,7 +87,8 @@ class PolicyConfig:
     probes_win_as_plans: int = 1
     # 1: where the verified acceptance of every request's completed rounds (per proposal source: a population
     # mean from 0.5**d at weight 2, averaging each round's per-depth outcome, S7's step 1/64 once warm) reads
-    # a first draft below the break-even of every measured speculative program (T_spec / T_decode - 1), a new
+    # a first draft, even at S9's bound, below the break-even of every measured speculative program
+    # (T_spec / T_decode - 1), a new
     # request's estimates start at that population's means instead of S8's 0.5**d, with S8's weight 2; where
     # drafts may pay, the prior stands (0: always the prior; docs/scheduling-utility.md, "Departures from the
     # spec")

@@ -367,7 +367,9 @@ class Scheduler:
         every measured speculative program (``_draft_break_even``; a depth it has not seen reads 0.5**d);
         otherwise none, and every depth starts at S8's 0.5**d, whose optimism lets a request find out whether
         its own drafts pay. A copy, so later rounds of other requests leave this request's unobserved depths
-        where they started (S8). Means, not S9's bound: this is ordinary selection's belief."""
+        where they started (S8). The gate reads S9's bound on the population mean, not the mean: a population
+        of a few rounds can read below the break-even by chance, and then no new request would ever try a
+        draft (spec-low, seed 0: four rejected first drafts, then none for the rest of the run)."""
         if not self.policy.acceptance_from_population:
             return {}
         starts = {}
@@ -376,7 +378,7 @@ class Scheduler:
             if population is None or not population.depths:
                 continue
             break_even = self._draft_break_even(source)
-            if break_even is not None and population.mean(1) < break_even:
+            if break_even is not None and population.optimistic(1) < break_even:
                 starts[source] = population.start()
         return starts
 

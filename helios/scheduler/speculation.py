@@ -144,6 +144,13 @@ class AcceptancePopulation:
         _check_depth(depth)
         return self.depths[depth - 1].mean if depth <= len(self.depths) else prior_survival(depth)
 
+    def optimistic(self, depth: int) -> float:
+        """S9's bound on the population mean at ``depth``: min(1, mean + sqrt(ln 20 / (2 w)))."""
+        _check_depth(depth)
+        if depth > len(self.depths):
+            return optimistic_survival(prior_survival(depth), PRIOR_WEIGHT)
+        return self.depths[depth - 1].optimistic()
+
     def start(self) -> PopulationPrior:
         """The means a new request's unobserved depths start at (depths never observed: 0.5**d)."""
         return PopulationPrior([estimate.mean for estimate in self.depths])
