@@ -363,8 +363,9 @@ class Scheduler:
 
     def _acceptance_starts(self, request: AdmitRequest) -> dict[str, PopulationPrior]:
         """Each proposal source's starting means for a new request (``PolicyConfig.acceptance_from_population``):
-        a copy of the population's verified acceptance where its first-draft mean is below the break-even of
-        every measured speculative program (``_draft_break_even``; a depth it has not seen reads 0.5**d);
+        a copy of the population's verified acceptance where S9's bound on its first-draft mean is below the
+        break-even of every measured speculative program (``_draft_break_even``; a depth it has not seen reads
+        0.5**d);
         otherwise none, and every depth starts at S8's 0.5**d, whose optimism lets a request find out whether
         its own drafts pay. A copy, so later rounds of other requests leave this request's unobserved depths
         where they started (S8). The gate reads S9's bound on the population mean, not the mean: a population
