@@ -13,7 +13,7 @@ POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
                  "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
                  "prompts_beside_decoders", "prompts_by_due", "extrapolate_unobserved_depths",
-                 "probes_win_as_plans")
+                 "probes_win_as_plans", "acceptance_from_population")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -85,6 +85,14 @@ class PolicyConfig:
     # (0: the lane's own optimistic rate beats its ordinary one; docs/scheduling-utility.md, "Departures from
     # the spec")
     probes_win_as_plans: int = 1
+    # 1: where the verified acceptance of every request's completed rounds (per proposal source: a population
+    # mean from 0.5**d at weight 2, averaging each round's per-depth outcome, S7's step 1/64 once warm) reads
+    # a first draft, even at S9's bound, below the break-even of every measured speculative program
+    # (T_spec / T_decode - 1), a new
+    # request's estimates start at that population's means instead of S8's 0.5**d, with S8's weight 2; where
+    # drafts may pay, the prior stands (0: always the prior; docs/scheduling-utility.md, "Departures from the
+    # spec")
+    acceptance_from_population: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

@@ -84,12 +84,13 @@ from helios.scheduler.service import (
     reference_interval_ms,
 )
 from helios.scheduler.speculation import (
+    AcceptancePopulation,
     CompletedRound,
     PopulationPrior,
-    PrefixSurvival,
     ProposalDraws,
     RequestAcceptance,
     extrapolated_survival,
+    survival_observations,
 )
 from helios.scheduler.utility import decision_log_scale, decode_age_price
 from helios.scheduler.types import (
@@ -269,6 +270,9 @@ class Scheduler:
         self.speculation = speculation
         self.exploration = ExplorationAccounts()  # D6-D9: both ledgers and the per-reason counters
         self.acceptance_prior = PopulationPrior()  # S7: where every confidence forecast starts
+        # verified outcomes of every completed round, per proposal source: where a new request's acceptance
+        # starts (``PolicyConfig.acceptance_from_population``)
+        self.acceptance_population = {source: AcceptancePopulation() for source in PROPOSAL_SOURCES}
         self.proposal_draws = ProposalDraws()  # S12
         self.selector: Selector = selector if selector is not None else HeliosSelector(
             self.graphs, self._timing, self.cost, self.policy, fixed_width=speculation != "adaptive")
@@ -345,7 +349,7 @@ class Scheduler:
             request=request,
             family=self._family_of(request),
             service=ServiceHistory.starting_at(self._fair_rate(residents)),
-            acceptance=RequestAcceptance(),
+            acceptance=RequestAcceptance(starts=self._acceptance_starts(request)),
             admitted_ns=self.now_ns,
             # at least the last prompt token is computed: it yields the first output
             prompt_done=min(request.cached_tokens, request.prompt_tokens - 1),
@@ -356,6 +360,44 @@ class Scheduler:
         self._slots[slot] = state
         self._admitted_any = True
         return handle
+
+    def _acceptance_starts(self, request: AdmitRequest) -> dict[str, PopulationPrior]:
+        """Each proposal source's starting means for a new request (``PolicyConfig.acceptance_from_population``):
+        a copy of the population's verified acceptance where S9's bound on its first-draft mean is below the
+        break-even of every measured speculative program (``_draft_break_even``; a depth it has not seen reads
+        0.5**d);
+        otherwise none, and every depth starts at S8's 0.5**d, whose optimism lets a request find out whether
+        its own drafts pay. A copy, so later rounds of other requests leave this request's unobserved depths
+        where they started (S8). The gate reads S9's bound on the population mean, not the mean: a population
+        of a few rounds can read below the break-even by chance, and then no new request would ever try a
+        draft (spec-low, seed 0: four rejected first drafts, then none for the rest of the run)."""
+        if not self.policy.acceptance_from_population:
+            return {}
+        starts = {}
+        for source in request.proposal_sources:
+            population = self.acceptance_population.get(source)
+            if population is None or not population.depths:
+                continue
+            break_even = self._draft_break_even(source)
+            if break_even is not None and population.optimistic(1) < break_even:
+                starts[source] = population.start()
+        return starts
+
+    def _draft_break_even(self, source: str) -> float | None:
+        """The least first-draft survival at which a measured width-two-or-wider program of ``source`` commits
+        more tokens per ms than the measured ordinary decode program of its batch: min T_spec / T_decode - 1
+        (None while no such pair is measured). Below it no round of that source pays for its drafts for a
+        request that accepts as the population does."""
+        timings = self._timing.at(self.now_ns)
+        decode = {g.batch_capacity: t.duration_ns for g, t in zip(self.graphs, timings)
+                  if g.kind is GraphKind.DECODE and t.known}
+        best = None
+        for g, t in zip(self.graphs, timings):
+            if (g.kind is GraphKind.SPECULATIVE and g.width >= 2 and g.proposal_depth >= 1 and t.known
+                    and (g.proposal_source or "learned") == source and g.batch_capacity in decode):
+                ratio = t.duration_ns / decode[g.batch_capacity] - 1.0
+                best = ratio if best is None else min(best, ratio)
+        return best
 
     def cancel(self, handle: RequestHandle) -> None:
         """Stop selecting the request now; its slot frees after its last submitted fence (A6)."""
@@ -581,7 +623,7 @@ class Scheduler:
         state = self._slots[handle.slot]
         acceptance = state.acceptance
         estimates = {
-            source: acceptance.by_source.get(source) or PrefixSurvival(prior_weight=acceptance.prior_weight)
+            source: acceptance.reading(source)
             for source in state.request.proposal_sources if source in state.survival
         }
         return ProbeSubject(state.room(), estimates)
@@ -993,19 +1035,22 @@ class Scheduler:
         Only rounds that offered drafts teach acceptance; width-one rounds only age.
         """
         confidence, survival = sidecar
-        state.acceptance.complete(
-            CompletedRound(
-                source=(graph.proposal_source or "learned") if record.offered > 0 else None,
-                generated_tokens=len(record.tokens),
-                offered=record.offered,
-                accepted=min(record.offered, len(record.tokens) - 1),
-                terminated=record.terminated,
-                survival=None if survival is None else tuple(survival),
-                confidence=None if confidence is None else (tuple(confidence),),
-                ceiling=lane.ceiling or lane.query_length,
-            ),
-            self.acceptance_prior,
+        outcome = CompletedRound(
+            source=(graph.proposal_source or "learned") if record.offered > 0 else None,
+            generated_tokens=len(record.tokens),
+            offered=record.offered,
+            accepted=min(record.offered, len(record.tokens) - 1),
+            terminated=record.terminated,
+            survival=None if survival is None else tuple(survival),
+            confidence=None if confidence is None else (tuple(confidence),),
+            ceiling=lane.ceiling or lane.query_length,
         )
+        state.acceptance.complete(outcome, self.acceptance_prior)
+        if outcome.source in self.acceptance_population:
+            # the verified per-depth outcome S6/S10 fold into the request, into the population too
+            observed = survival_observations(outcome.offered, outcome.accepted, outcome.terminated, outcome.survival)
+            if observed:
+                self.acceptance_population[outcome.source].observe(observed)
         self._refresh_survival(state)
 
     def _finish_reason(self, state: RequestState, record: CompletionRecord) -> str | None:

@@ -12,7 +12,10 @@ accepted. Each depth is an aged running mean:
   acceptance (S8) without stating a starting mean for acceptance; issue 3 asks
   for the same prior here. Each extra draft halving the chance keeps an
   untrained request's expected output modest (below 2 at any width) while
-  still letting a first speculative round be tried.
+  still letting a first speculative round be tried. Where the scheduler's
+  ``AcceptancePopulation`` shows first drafts that no measured program can
+  pay for, a new request starts at its means instead
+  (``PolicyConfig.acceptance_from_population``).
 - An observation v in [0, 1] moves the mean by (v - mean) / w' where
   w' = min(w + 1, 128): a plain average until 128 observations, then an
   exponential average with step 1/128 (S8's cap).
@@ -54,6 +57,7 @@ WEIGHT_CAP = 128.0
 HALF_LIFE_TOKENS = 128.0
 OPTIMISM_LOG_TERM = math.log(20.0)  # S9: mean + sqrt(ln 20 / (2 w))
 POPULATION_STEP = 1.0 / 64.0  # S7: the population prior's step toward each completed probability
+POPULATION_WEIGHT_CAP = 1.0 / POPULATION_STEP  # ``AcceptancePopulation``: S7's step once warm
 PROPOSAL_SOURCES = ("learned", "copy")
 
 
@@ -111,6 +115,45 @@ class PopulationPrior:
             self.means.append(prior_survival(len(self.means) + 1))
         for index, value in enumerate(probabilities):
             self.means[index] += (value - self.means[index]) * POPULATION_STEP
+
+
+@dataclass(slots=True)
+class AcceptancePopulation:
+    """Verified acceptance of every completed round of one proposal source, scheduler-wide
+    (``PolicyConfig.acceptance_from_population``; docs/scheduling-utility.md, "Departures from the spec").
+
+    Depth d has S8's starting point without the aging: the prior 0.5**d at weight 2, then a plain average
+    of the rounds' per-depth outcomes v, (v - mean) / w' with w' = min(w + 1, 64), so the prior counts as
+    two rounds until the population has data, and once warm each round moves it by S7's step, 1/64.
+    ``start()`` is what a new request's estimates may start from: a copy, so that later rounds of other
+    requests do not move an admitted request's unobserved depths (S8: they keep their means).
+    """
+
+    depths: list[PrefixEstimate] = field(default_factory=list)
+
+    def observe(self, values: Sequence[float]) -> None:
+        """One completed round's per-depth outcome, ``values[d - 1]`` at depth d (S6, S10)."""
+        _check_probabilities("acceptance observation", values)
+        while len(self.depths) < len(values):
+            self.depths.append(PrefixEstimate(prior_survival(len(self.depths) + 1)))
+        for estimate, value in zip(self.depths, values):
+            estimate.weight = min(estimate.weight + 1.0, POPULATION_WEIGHT_CAP)
+            estimate.mean += (value - estimate.mean) / estimate.weight
+
+    def mean(self, depth: int) -> float:
+        _check_depth(depth)
+        return self.depths[depth - 1].mean if depth <= len(self.depths) else prior_survival(depth)
+
+    def optimistic(self, depth: int) -> float:
+        """S9's bound on the population mean at ``depth``: min(1, mean + sqrt(ln 20 / (2 w)))."""
+        _check_depth(depth)
+        if depth > len(self.depths):
+            return optimistic_survival(prior_survival(depth), PRIOR_WEIGHT)
+        return self.depths[depth - 1].optimistic()
+
+    def start(self) -> PopulationPrior:
+        """The means a new request's unobserved depths start at (depths never observed: 0.5**d)."""
+        return PopulationPrior([estimate.mean for estimate in self.depths])
 
 
 @dataclass(slots=True)
@@ -369,6 +412,9 @@ class RequestAcceptance:
     by_source: dict[str, PrefixSurvival] = field(default_factory=dict)
     prior_weight: float = PRIOR_WEIGHT
     forecast: PrefixSurvival | None = None
+    # where each source's unobserved depths start: a copy of the scheduler's verified-acceptance population
+    # taken at admission (``PolicyConfig.acceptance_from_population``); a source without one starts at 0.5**d
+    starts: dict[str, PopulationPrior] = field(default_factory=dict)
 
     def forecast_estimates(self, population: PopulationPrior) -> PrefixSurvival:
         """The request's forecast of joint-prefix probabilities (S7), for reading.
@@ -412,8 +458,15 @@ class RequestAcceptance:
         """The estimates for ``name`` ("learned", "copy")."""
         estimates = self.by_source.get(name)
         if estimates is None:
-            estimates = self.by_source[name] = PrefixSurvival(prior_weight=self.prior_weight)
+            estimates = self.by_source[name] = self._fresh(name)
         return estimates
+
+    def reading(self, name: str) -> PrefixSurvival:
+        """``source(name)`` for reading only: an unused source is a detached fresh one, stored nowhere."""
+        return self.by_source.get(name) or self._fresh(name)
+
+    def _fresh(self, name: str) -> PrefixSurvival:
+        return PrefixSurvival(prior_weight=self.prior_weight, population=self.starts.get(name))
 
     def observe_round(self, source: str, offered: int, accepted: int, terminated: bool) -> None:
         """Fold one completed round's binary outcome into ``source``'s estimates."""

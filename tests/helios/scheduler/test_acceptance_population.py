@@ -1,0 +1,89 @@
+"""``PolicyConfig.acceptance_from_population`` (issue 20, eighth session, 2026-12-04; docs/scheduling-utility.md,
+"Departures from the spec"): where the verified acceptance of completed rounds shows drafts that cannot pay
+for themselves, a new request's acceptance starts there instead of at the prior 0.5**d."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from helios.scheduler import PolicyConfig
+from helios.scheduler.speculation import prior_survival
+from helios.sim.files import FixedAcceptance, Trace, TraceRequest, load_catalog
+from helios.sim.simulator import simulate
+from sched_harness import ask, decode, measured, spec
+
+MS = 1_000_000
+DEFAULTS = PolicyConfig.preset("balanced")
+DECODE, SPEC = decode(1), spec(1, 2)
+DURATIONS = {DECODE: 2.58, SPEC: 3.11}  # a first draft pays for itself above 3.11 / 2.58 - 1 = 0.205
+
+
+def _scheduler(**choices):
+    return measured(DURATIONS, policy=replace(DEFAULTS, **choices))
+
+
+def _first_draft(scheduler) -> float:
+    handle = scheduler.admit(ask(sources=("learned",)))
+    return scheduler.acceptance_of(handle).source("learned").survival(1)
+
+
+def test_a_new_request_starts_at_the_population_when_its_drafts_cannot_pay():
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for _ in range(150):
+        population.observe((0.0,))  # 150 verified rounds, nothing accepted
+    assert population.mean(1) < 3.11 / 2.58 - 1
+    assert _first_draft(scheduler) == pytest.approx(population.mean(1))
+    off = _scheduler(acceptance_from_population=0)
+    for _ in range(150):
+        off.acceptance_population["learned"].observe((0.0,))
+    assert _first_draft(off) == prior_survival(1)  # the choice off: S8's start at 0.5
+
+
+def test_where_drafts_pay_a_new_request_keeps_the_prior_to_find_out_its_own():
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for _ in range(150):
+        population.observe((0.0,) if _ % 4 else (1.0,))  # a quarter accepted: above the break-even 0.205
+    assert 3.11 / 2.58 - 1 < population.mean(1) < prior_survival(1)
+    assert _first_draft(scheduler) == prior_survival(1)
+
+
+def test_a_population_of_a_few_rounds_does_not_close_the_prior_by_chance():
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for _ in range(4):
+        population.observe((0.0,))  # four rejected first drafts: the mean reads 1/6, below 0.205
+    assert population.mean(1) < 3.11 / 2.58 - 1
+    assert _first_draft(scheduler) == prior_survival(1)  # S9's bound still allows that drafts pay
+
+
+def test_an_admitted_requests_start_does_not_move_with_later_rounds_of_others():
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for _ in range(150):
+        population.observe((0.0,))
+    handle = scheduler.admit(ask(sources=("learned",)))
+    start = scheduler.acceptance_of(handle).source("learned").survival(1)
+    for _ in range(100):
+        population.observe((0.0,))
+    assert scheduler.acceptance_of(handle).source("learned").survival(1) == start  # S8: unobserved means stay
+    assert population.mean(1) < start
+
+
+def _late_speculative_rounds(policy) -> int:
+    """Ordinary speculative rounds with a member of the last wave, on requests that accept nothing."""
+    catalog = load_catalog("examples/simulation/catalog.yaml")
+    waves = [TraceRequest(f"{wave}{i}", (400 * k + i) * MS, 32, 24, FixedAcceptance(0))
+             for k, wave in enumerate("abcd") for i in range(8)]  # eight requests every 400 ms
+    result = simulate(catalog, Trace(policy, 0, tuple(waves)))
+    return sum(1 for plan in result.plans if plan.graph.kind.value == "speculative" and plan.reason == "ordinary"
+               and any(member.startswith("d") for member in plan.cohort))
+
+
+def test_completed_rounds_teach_the_population_so_later_requests_waste_no_drafts():
+    off = _late_speculative_rounds(replace(DEFAULTS, acceptance_from_population=0))
+    assert off >= 2  # at 0.5 each fresh request's estimate needs a few rejected rounds to fall
+    assert _late_speculative_rounds(DEFAULTS) == 0  # the earlier waves' rounds taught the population
