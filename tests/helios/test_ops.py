@@ -527,6 +527,16 @@ def test_packing_refuses_what_it_cannot_lay_out():
         torch.ops.flare.linear(torch.randn(2, 8, dtype=torch.float64), packed)
 
 
+@pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
+def test_start_up_measurements_skip_packed_weights(native_rows):
+    """The loop orders and the row bound are timed on the weights they serve: a packed weight takes the
+    packed kernel at every row count, so on packed weights alone there is nothing to measure."""
+    packed = [torch.ops.flare.pack_linear_weight(torch.randn(64, 128)) for _ in range(3)]
+    for choice in (linear.choose_chunk_rows(packed, environ={}), linear.choose_row_rows(packed, environ={}),
+                   linear.choose_native_rows(packed, environ={})):
+        assert choice.source == "no float32 matrix to measure on", choice
+
+
 def test_packing_follows_flare_linear_pack(monkeypatch):
     """FLARE_LINEAR_PACK=0 turns packing off; a value other than 0 or 1 is refused as bad input."""
     monkeypatch.setenv(kernels.PACK_ENV, "0")

@@ -148,3 +148,27 @@ def test_catalog_lists_state_programs_apart_from_inference(catalog):
     assert not any(d.kind.value in kinds for d in catalog.descriptors)  # what the scheduler and warm-up see today
     assert catalog.checkpoint_rows == 2
     assert all(not catalog.entry(d.id).compiled_file for d in catalog.state_descriptors)
+
+
+@pytest.mark.numerics
+def test_packed_weights_give_the_eager_models_tokens(catalog, eager):
+    """A catalog whose linear weights are packed (what the engine runs on an AVX-512 CPU) prefills and
+    decodes greedily to the eager model's tokens, the unpacked layout, within the model's near-tie bound."""
+    from helios.catalog.load import load
+    from helios.ops import kernels
+
+    if not kernels.packs_linear_weights():
+        pytest.skip("packed weights are the native AVX-512 kernel's")
+    packed = load(catalog.path)
+    assert packed.pack_linear_weights() > 0
+    prompt, k = [(5 * i + 11) % 200 + 40 for i in range(57)], 6
+    table = page_table(catalog, {0: [5, 9, 2, 40]})
+    reference = Executor(catalog.allocate_state(), eager, frozenset())
+    with recorded_decisions() as decisions:
+        want = list(prefill(reference, catalog, table, 0, prompt, 0, len(prompt), True))
+        want += decode(reference, catalog, table, 0, k)
+    run = Executor(packed.allocate_state(), packed.program, frozenset())
+    got = list(prefill(run, packed, table, 0, prompt, 0, len(prompt), True))
+    got += decode(run, packed, table, 0, k)
+    tolerance = qwen3_tolerance(bundled_checkpoints()[0].config, len(prompt) + k)
+    assert_tokens_match(torch.tensor(got), torch.tensor(want), decisions, tolerance, "packed tokens")
