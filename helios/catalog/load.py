@@ -556,7 +556,8 @@ def _check_manifest(manifest: Manifest) -> None:
     _check_unique("program id", [p.id for p in manifest.programs])
     _check_unique("weight set", [w.name for w in manifest.weights])
     for weight_set in manifest.weights:
-        stray = [k for k in weight_set.linear_keys if k not in set(weight_set.keys)]
+        keys = set(weight_set.keys)
+        stray = [k for k in weight_set.linear_keys if k not in keys]
         if stray:
             raise CatalogError(f"weight set {weight_set.name!r}: linear_keys {stray[:3]} are not among its keys")
     _check_state(manifest.state, manifest.envelope)
