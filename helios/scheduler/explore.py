@@ -96,6 +96,7 @@ class Explorer:
         self.alpha = alpha
         self.fixed_width = fixed_width
         self.probes_win_as_plans = probes_win_as_plans  # ``PolicyConfig.probes_win_as_plans``
+        self._sources = tuple(sorted({info.source for info in self.infos if info.source is not None}))
         self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
         self._stale_for: Sequence[GraphTiming] | None = None  # the timings ``_stale`` was read from
         self._stale: list[int] = []
@@ -186,6 +187,8 @@ class Explorer:
         terms' rank keys; only the winner becomes a ``ProbeCandidate``.
         """
         lanes = self._probe_lanes(decision)
+        if self.probes_win_as_plans and not self._some_probe_may_win(decision, lanes):
+            return None  # what the search finds would fail ``_wins_as_plan``: no lane is read
         bounds = [self._gain_bound(decision, lane) for lane in lanes]
         best = None  # (rank key, lane position, candidate position, lane best)
         bases: dict[tuple, ProbeBasis | None] = {}
@@ -204,6 +207,31 @@ class Explorer:
         if self.probes_win_as_plans and not _wins_as_plan(candidate, decision):
             return None
         return candidate, lanes[position].handle
+
+    def _some_probe_may_win(self, decision: Decision, lanes: Sequence["_PricedLane"]) -> bool:
+        """Whether any lane's probe could pass ``_wins_as_plan``; when none can, the search is skipped.
+
+        A probe program of draft cap c = min(W - 1, D) offers a lane at most c
+        drafts, each surviving with probability at most one, so it commits at
+        most 1 + c tokens in its duration T: its optimistic rate is at most the
+        highest lane price times (1 + c) per ms of T, the same product the probe
+        terms compute with every factor at least as large (rounding is monotone),
+        widened by ``BOUND_MARGIN``. ``_wins_as_plan`` then subtracts the waiting
+        cost, which depends on T alone. On a busy batch whose speculative
+        programs cost far more than the ordinary round (the bundled model on a
+        CPU at 16 streams), no program passes and the per-lane search never runs.
+        """
+        if not lanes:
+            return False  # the search finds no probe either
+        price = max(lane.price for lane in lanes)
+        age, target = decision.population.active_age_price, decision.winner.score
+        scale = (1.0 + BOUND_MARGIN) * NS_PER_MS
+        for source in self._sources:
+            for program in self._source_view(decision, source).programs:
+                rate = price * (1 + _draft_cap(program)) * scale / program.duration_ns
+                if rate - 0.5 * (program.duration_ns / NS_PER_MS) * age >= target:
+                    return True
+        return False
 
     def _bests(self, decision: Decision, lane: "_PricedLane", subject,
                bases: dict[tuple, ProbeBasis | None]) -> list["_LaneBest"]:

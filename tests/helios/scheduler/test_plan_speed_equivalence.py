@@ -40,7 +40,7 @@ from helios.scheduler.select.rankings import DecisionRankings
 from helios.scheduler.select.timing import GraphTiming
 from helios.scheduler.catalog_timing import CatalogTiming
 from helios.scheduler.cost import CostModel
-from helios.scheduler.explore import Decision, Explorer, ProbeSubject
+from helios.scheduler.explore import Decision, Explorer, ProbeSubject, _wins_as_plan
 from helios.scheduler.learning import (
     ProbeLane,
     WidthProgram,
@@ -266,6 +266,47 @@ def test_D8_probe_search_evaluates_only_lanes_whose_bound_reaches_the_best_gain(
     asked = []
     found, handle = explorer._best_probe(decision, lambda h: asked.append(h) or requests[h])
     assert handle == RequestHandle(2, 3) and asked == [handle]
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(0.0, 20.0), st.sampled_from([0.0, 0.05, 1.0]))
+def test_D8_probes_that_cannot_win_as_plans_are_not_searched_for_and_the_rest_are_found(seed, score, age):
+    """``probes_win_as_plans``: the gate before the lane search returns None only where the probe the
+    whole search finds would fail ``_wins_as_plan``; otherwise it is that probe."""
+    decision, requests, alpha = _probe_case(seed)
+    decision = dataclasses.replace(
+        decision, winner=dataclasses.replace(decision.winner, score=score),
+        population=dataclasses.replace(decision.population, active_age_price=age))
+    gated = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=alpha, fixed_width=False,
+                     probes_win_as_plans=True)
+    searched = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=alpha, fixed_width=False)
+    want = searched._best_probe(decision, requests.__getitem__)
+    if want is not None and not _wins_as_plan(want[0], decision):
+        want = None
+    got = gated._best_probe(decision, requests.__getitem__)
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert got[1] == want[1] and got[0].rank_key() == want[0].rank_key()
+
+
+def test_D8_no_lane_is_read_when_no_probe_program_could_win_as_a_plan(monkeypatch):
+    """A winner scoring above what any probe program could commit per ms (every draft accepted, at the
+    highest lane price) stops the search before any lane's bound or estimates are read; a winner just
+    below one program's limit does not."""
+    prices = [1.0, 1.0, 1.3, 1.0]
+    decision, requests = _uniform_lanes(prices)
+    explorer = Explorer(CATALOG, describe(CATALOG), max_depth=MAX_DEPTH, alpha=1.0, fixed_width=False,
+                        probes_win_as_plans=True)
+    limit = max(1.3 * (1 + min(p.width - 1, p.proposal_depth)) * 1e6 / p.duration_ns
+                for source in ("learned",) for p in explorer._source_view(decision, source).programs)
+    read = []
+    monkeypatch.setattr(Explorer, "_gain_bound", lambda self, d, lane: read.append(lane) or 1.0)
+    above = dataclasses.replace(decision, winner=dataclasses.replace(decision.winner, score=limit * 1.01))
+    assert explorer._best_probe(above, lambda h: read.append(h) or requests[h]) is None
+    assert read == []
+    below = dataclasses.replace(decision, winner=dataclasses.replace(decision.winner, score=limit * 0.99))
+    explorer._best_probe(below, lambda h: read.append(h) or requests[h])
+    assert len(read) >= len(prices)  # the search ran: every priced lane's bound was read
 
 
 # ---------------------------------------------------------------------------
