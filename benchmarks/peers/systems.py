@@ -123,8 +123,9 @@ def target(name: str, layout: Layout, repo_root: Path) -> Target:
 
 
 # Raised when a capture records something an older one lacks, so the harness captures afresh
-# (2: the manifest's linear_keys, which the packed flare::linear kernel needs).
-CAPTURE_REVISION = 2
+# (2: the manifest's linear_keys, which the packed flare::linear kernel needs; 3: programs write the slot
+# state last, so compiled draft-keeping programs absorb at the right positions).
+CAPTURE_REVISION = 3
 
 
 def recipe_digest(recipe: Path) -> str:

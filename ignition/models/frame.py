@@ -141,8 +141,7 @@ def run_frame(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, draft
     produced = rows.start_pos[:, None] + (picks - rows.starts[:, None]) + 1
     processed = process_logits(logits, x.controls, _position_history(shape, x, history), produced)
     targets = sample(processed, x.temperature, x.top_k, x.top_p, x.seed, produced, x.min_p)
-    out, committed_lens = _verify_and_commit(shape, x, rows, targets)
-    _write_history(x, history, out, vocab)
+    out, committed_lens, (new_pending, new_seq) = _verify_and_commit(shape, x, rows, targets)
     out.update(_logprob_outputs(logits, targets, out["num_tokens"]))
     if shape.absorb:
         absorb(draft, dw, x, tokens, rows.starts, rows.start_pos, committed_lens)
@@ -152,6 +151,14 @@ def run_frame(model: Qwen3, w: Weights, shape: FrameShape, x: FrameInputs, draft
         out["verified_lens"] = x.query_lens.int()
     if proposals is not None:
         out.update(_sidecars(shape, x, rows, processed, proposals))
+    # The slot state is written last. Every value above was read from the state as it was before the frame
+    # (start positions, pending tokens, token history), and Inductor may compute such a read lazily inside a
+    # later kernel: a write placed before the draft's absorption once let AOTInductor read the advanced
+    # seq_lens there, so compiled draft-keeping programs wrote the draft's K/V one or more positions late.
+    torch.ops.flare.write_slot_state(
+        x.pending, x.seq_lens, x.row_slots, x.query_lens, new_pending, new_seq.to(x.seq_lens.dtype)
+    )
+    _write_history(x, history, out, vocab)
     return out
 
 
@@ -276,8 +283,10 @@ def _sample_index(shape: FrameShape, rows: Rows) -> Tensor:
     return picks.clamp(0, shape.packed - 1)
 
 
-def _verify_and_commit(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Tensor) -> tuple[dict[str, Tensor], Tensor]:
-    """Outputs ``tokens``/``num_tokens`` and each row's committed input tokens (0 when inactive)."""
+def _verify_and_commit(shape: FrameShape, x: FrameInputs, rows: Rows,
+                       targets: Tensor) -> tuple[dict[str, Tensor], Tensor, tuple[Tensor, Tensor]]:
+    """Outputs ``tokens``/``num_tokens``, each row's committed input tokens (0 when inactive), and the
+    slot state after the frame (pending token, sequence length per row) for ``run_frame`` to write last."""
     accepted = _accepted_drafts(shape, x, rows, targets)  # [B]
     bonus = targets.gather(1, accepted[:, None])[:, 0]
     k = torch.arange(shape.width, device=targets.device)[None, :]
@@ -296,11 +305,8 @@ def _verify_and_commit(shape: FrameShape, x: FrameInputs, rows: Rows, targets: T
         new_pending = torch.where(rows.is_prompt & ~x.prompt_final, rows.slot_pending, bonus)
         new_seq = torch.where(rows.is_prompt, rows.start_pos + rows.lens, new_seq)
     committed = torch.where(k < count[:, None], committed, 0)
-    torch.ops.flare.write_slot_state(
-        x.pending, x.seq_lens, x.row_slots, x.query_lens, new_pending, new_seq.to(x.seq_lens.dtype)
-    )
     committed_lens = torch.where(active, new_seq - rows.start_pos, 0)
-    return {"tokens": committed, "num_tokens": count.int()}, committed_lens
+    return {"tokens": committed, "num_tokens": count.int()}, committed_lens, (new_pending, new_seq)
 
 
 def _accepted_drafts(shape: FrameShape, x: FrameInputs, rows: Rows, targets: Tensor) -> Tensor:
