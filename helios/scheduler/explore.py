@@ -96,7 +96,11 @@ class Explorer:
         self.alpha = alpha
         self.fixed_width = fixed_width
         self.probes_win_as_plans = probes_win_as_plans  # ``PolicyConfig.probes_win_as_plans``
-        self._sources = tuple(sorted({info.source for info in self.infos if info.source is not None}))
+        # every program a probe may run (``_measured_programs`` picks among them): catalog index, and the
+        # most tokens it commits for a lane, 1 + min(W - 1, D)
+        self._probe_programs = tuple((i, 1 + max(0, min(g.width - 1, g.proposal_depth)))
+                                     for i, g in enumerate(self.graphs)
+                                     if g.kind in GENERATION_KINDS and self.infos[i].source is not None)
         self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
         self._stale_for: Sequence[GraphTiming] | None = None  # the timings ``_stale`` was read from
         self._stale: list[int] = []
@@ -186,9 +190,9 @@ class Explorer:
         sort over all lanes in lane order does. Lanes are compared by their
         terms' rank keys; only the winner becomes a ``ProbeCandidate``.
         """
-        lanes = self._probe_lanes(decision)
-        if self.probes_win_as_plans and not self._some_probe_may_win(decision, lanes):
+        if self.probes_win_as_plans and not self._some_probe_may_win(decision):
             return None  # what the search finds would fail ``_wins_as_plan``: no lane is read
+        lanes = self._probe_lanes(decision)
         bounds = [self._gain_bound(decision, lane) for lane in lanes]
         best = None  # (rank key, lane position, candidate position, lane best)
         bases: dict[tuple, ProbeBasis | None] = {}
@@ -208,29 +212,32 @@ class Explorer:
             return None
         return candidate, lanes[position].handle
 
-    def _some_probe_may_win(self, decision: Decision, lanes: Sequence["_PricedLane"]) -> bool:
+    def _some_probe_may_win(self, decision: Decision) -> bool:
         """Whether any lane's probe could pass ``_wins_as_plan``; when none can, the search is skipped.
 
         A probe program of draft cap c = min(W - 1, D) offers a lane at most c
         drafts, each surviving with probability at most one, so it commits at
         most 1 + c tokens in its duration T: its optimistic rate is at most the
-        highest lane price times (1 + c) per ms of T, the same product the probe
+        highest decoder price (the probed lanes are priced decoders) times
+        (1 + c) per ms of T, the same product the probe
         terms compute with every factor at least as large (rounding is monotone),
         widened by ``BOUND_MARGIN``. ``_wins_as_plan`` then subtracts the waiting
-        cost, which depends on T alone. On a busy batch whose speculative
+        cost, which depends on T alone. Every measured program of a proposal
+        source is bounded (the search ranks only the fastest per draft cap), so
+        the test reads the timings alone. On a busy batch whose speculative
         programs cost far more than the ordinary round (the bundled model on a
         CPU at 16 streams), no program passes and the per-lane search never runs.
         """
-        if not lanes:
-            return False  # the search finds no probe either
-        price = max(lane.price for lane in lanes)
-        age, target = decision.population.active_age_price, decision.winner.score
+        price = max(decision.population.decoders.token_price, default=0.0)
+        if not price > 0:
+            return False  # no priced decoder: no lane to probe, so the search finds nothing either
+        age, target, timings = decision.population.active_age_price, decision.winner.score, decision.timings
         scale = (1.0 + BOUND_MARGIN) * NS_PER_MS
-        for source in self._sources:
-            for program in self._source_view(decision, source).programs:
-                rate = price * (1 + _draft_cap(program)) * scale / program.duration_ns
-                if rate - 0.5 * (program.duration_ns / NS_PER_MS) * age >= target:
-                    return True
+        for index, tokens in self._probe_programs:  # a superset of what the search ranks: the bound only loosens
+            timing = timings[index]
+            if timing.known and price * tokens * scale / timing.duration_ns \
+                    - 0.5 * (timing.duration_ns / NS_PER_MS) * age >= target:
+                return True
         return False
 
     def _bests(self, decision: Decision, lane: "_PricedLane", subject,
