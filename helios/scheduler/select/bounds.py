@@ -15,6 +15,16 @@ every one is scored.
 
 Only lanes sharing one age slope are bounded this way (otherwise rankings
 depend on the duration), and only while everything scored is measured.
+
+Ragged and prefix-limit speculative programs of a wider logical width are
+bounded with their batch capacity B and that width: their candidate search
+serves at most B lanes at no more than the full width, which the rectangular
+ranking at that width values (``candidates.generation_candidate`` defers them
+with exactly that bound). They may serve fewer than B lanes, so they are
+bounded only where every lane adds value (prices positive, slope not
+negative): then the best B lanes bound any fewer. Without this, their
+candidates went to ``Out.entries`` on every decision with decoders and sent
+each one down the general path, even where they cost several decode steps.
 """
 
 from __future__ import annotations
@@ -78,6 +88,10 @@ def _none_can_reach(sel: DecisionRankings, top: float) -> bool:
         if flat is None:
             return False
         gains, value, slopes, n = sel.next_gains(source, w0), base.ranked.prefix, cols.slope_prefix, base.size
+        if not (cols.positive and slopes[n] >= 0.0) and any(g.kind is GroupKind.ONE_BY_ONE for g in bounded.groups):
+            # a ragged or prefix-limit cohort takes at most B lanes, maybe fewer (the best prefix of a
+            # row budget); the best B's value and slope bound fewer lanes' only when no lane adds less
+            return False
         for capacity, found in flat.items():
             if not found.rows:
                 continue

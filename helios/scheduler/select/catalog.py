@@ -184,15 +184,23 @@ def _siblings(groups: Sequence[Group]) -> dict[int, tuple[tuple[int, ...], ...]]
 
 def _split_groups(groups: Sequence[Group]) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
     """(eager, bounded): see ``bounds.score_bounded``. Per proposal source, the rectangular and mixed
-    groups of its narrowest logical width are eager (they give the first bound its base)."""
+    groups of its narrowest logical width are eager (they give the first bound its base); the wider
+    ones, and the ragged and prefix-limit speculative programs of a wider logical width, are bounded
+    (a ragged or prefix-limit cohort is worth at most the rectangular value of its lanes at full
+    width, ``candidates.generation_candidate``'s own bound)."""
     widths: dict[str, int] = {}
     for group in groups:
         if group.source is not None and group.kind.boundable:
             widths[group.source] = min(widths.get(group.source, group.width), group.width)
     bounded = [g for g in groups
-               if g.source is not None and g.kind.boundable and g.width > widths[g.source]]
+               if g.source in widths and (g.kind.boundable or _ragged_generation(g)) and g.width > widths[g.source]]
     eager = tuple(g for g in groups if all(g is not b for b in bounded))
     return eager, tuple(sorted(bounded, key=lambda g: (g.source, g.width)))
+
+
+def _ragged_generation(group: Group) -> bool:
+    """Ragged and prefix-limit speculative programs (scored one by one; scored prefill has no source)."""
+    return group.kind is GroupKind.ONE_BY_ONE and group.source is not None and not group.prefill_capacity
 
 
 def _groups(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo]) -> tuple[Group, ...]:

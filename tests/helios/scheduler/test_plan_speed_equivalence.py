@@ -30,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_harness import MS, decode, mixed, spec
 
-from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind
+from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.select.catalog import describe
 from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.evaluate import evaluate_scores
@@ -514,6 +514,9 @@ _BOUND_POOL = (
     [decode(b) for b in (1, 2, 4, 8)]
     + [spec(b, w) for b in (1, 2, 4, 8) for w in (2, 3, 4, 5, 6)]
     + [spec(4, 6, depth=3), spec(2, 5, depth=3)]  # logical width capped by the depth
+    # ragged (query-length) and prefix-limit programs: scored one by one, bounded like the wider widths
+    + [spec(8, 4, depth=3, aggregate=16), spec(8, 4, depth=3, aggregate=16, source=ValueSource.PREFIX_LIMIT),
+       spec(4, 3, depth=2, aggregate=6), spec(2, 3, depth=2, aggregate=4, source=ValueSource.PREFIX_LIMIT)]
     + [mixed(b, c) for b in (2, 4) for c in (16, 64)]
     + [mixed(b, 64, w, w - 1) for b in (2, 4, 8) for w in (2, 3, 5)]
     + [GraphDescriptor(f"prefill_c{c}", GraphKind.PREFILL, 1, prefill_capacity=c) for c in (16, 64)]
@@ -566,6 +569,62 @@ def test_U9_U12_skipped_wider_widths_decide_what_scoring_every_width_decides(see
     if fast is not None:
         assert (fast.graph, fast.lanes, fast.score, fast.log_scale, fast.prefill_row) == \
             (plain.graph, plain.lanes, plain.score, plain.log_scale, plain.prefill_row)
+
+
+@settings(max_examples=EXAMPLES * 4, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_U9_U12_skipped_ragged_programs_decide_what_scoring_them_decides(seed):
+    """Ragged and prefix-limit programs priced around the crossover with plain decode and the narrowest
+    speculative width (high acceptance past the first draft, where only their full width shows what they
+    are worth): bounding them and skipping those that cannot win decides what scoring them all decides."""
+    rng = random.Random(seed)
+    graphs = [decode(4), decode(8), spec(8, 2), spec(4, 2),
+              spec(8, 4, depth=3, aggregate=16), spec(8, 4, depth=3, aggregate=16, source=ValueSource.PREFIX_LIMIT),
+              spec(4, 3, depth=2, aggregate=6), spec(4, 4, depth=3, aggregate=8, source=ValueSource.PREFIX_LIMIT)]
+    timings = [GraphTiming(int(ms * MS), True) for ms in
+               (3, 4, rng.uniform(4, 9), rng.uniform(3, 7)) + tuple(rng.uniform(2.5, 12) for _ in range(4))]
+    dec, slope = Decoders(), rng.choice([0.0, 0.05])
+    for slot in range(rng.randint(1, 12)):
+        survival = tuple(sorted((rng.choice([1.0, 0.95, rng.uniform(0.5, 1)]) for _ in range(rng.randint(1, 4))),
+                                reverse=True))
+        dec.handle.append(RequestHandle(slot, slot + 1))
+        dec.token_price.append(rng.choice([1.0, rng.uniform(0.1, 4), 0.0]))
+        dec.delivery_price.append(rng.choice([0.0, rng.uniform(0, 2)]))
+        dec.age_credit.append(rng.uniform(0, 1))
+        dec.age_slope.append(slope)
+        dec.room.append(rng.choice([2, 3, 10_000]))
+        dec.survival.append({"learned": survival})
+        dec.recency.append(rng.randint(0, 3))
+    population = Population(dec, Prompters(), slope * len(dec) * rng.choice([0.0, 1.0]), rng.choice([1.0, 0.5]))
+    described = describe(graphs)
+    everything = dataclasses.replace(described, eager=described.groups, bounded=())
+    fast, plain = select(graphs, timings, population, described), select(graphs, timings, population, everything)
+    assert (fast is None) == (plain is None)
+    if fast is not None:
+        assert (fast.graph, fast.lanes, fast.score, fast.log_scale) == \
+            (plain.graph, plain.lanes, plain.score, plain.log_scale)
+
+
+def test_U9_a_ragged_or_prefix_limit_program_that_cannot_win_is_never_searched(monkeypatch):
+    """At full acceptance of one draft and none beyond, a ragged and a prefix-limit program of width four
+    cost three decode steps for at most two tokens a lane (and width two costs more than twice a decode
+    step): bounded below plain decode, their candidate
+    searches never run and the decision takes the flat path; priced cheaply, they are searched."""
+    from helios.scheduler.select import candidates
+
+    graphs = [decode(8), spec(8, 2), spec(8, 4, depth=3, aggregate=16),
+              spec(8, 4, depth=3, aggregate=16, source=ValueSource.PREFIX_LIMIT)]
+    population = Population(_unit_decoders(8, {"learned": (1.0, 0.0, 0.0)}), Prompters(), 0.0, 1.0)
+    searched = []
+    real = dict(candidates.CANDIDATES)
+    monkeypatch.setitem(candidates.CANDIDATES, GraphKind.SPECULATIVE,
+                        lambda sel, index, graph, timing: searched.append(graph.id)
+                        or real[GraphKind.SPECULATIVE](sel, index, graph, timing))
+    slow = [GraphTiming(int(ms * MS), True) for ms in (4, 9, 12, 12)]
+    assert select(graphs, slow, population).graph.id == "decode_b8" and searched == []
+    cheap = [GraphTiming(int(ms * MS), True) for ms in (4, 9, 4.5, 4.5)]
+    select(graphs, cheap, population)
+    assert set(searched) == {g.id for g in graphs[2:]}
 
 
 def test_U9_a_wide_width_that_cannot_win_is_never_scored(monkeypatch):
