@@ -30,6 +30,7 @@ each one down the general path, even where they cost several decode steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Sequence
 
 from helios.scheduler.select.candidates import score_group
@@ -159,3 +160,39 @@ def decode_only_beaten(sel: DecisionRankings, group: Group) -> bool:
             durations[index] > 0.0 and any(0.0 < durations[other] < durations[index] for other in others)
             for index, others in zip(group.members, siblings))
     return beaten
+
+
+def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top: float) -> bool:
+    """Whether no program of the speculative ``groups`` (every width, rectangular, ragged and prefix-limit)
+    can reach ``top``, bounded from the plain width-one ranking alone (``select`` then scores none).
+
+    A lane's value at width w is its token price times at most w expected tokens, plus its width-free
+    delivery price and age credit: at most its width-one value plus (w - 1) times its price. Any
+    source's lanes are among the plain ranking's (a room of at least one), so the best k lanes of a
+    speculative program are worth at most the best k width-one values plus (w - 1) times the k highest
+    prices, a ragged or prefix-limit program's fewer lanes no more than that while every lane adds value.
+    Each program is bounded with its own duration and the age terms of its k lanes (one slope for all);
+    one unknown duration scores everything (U8). Used only in catalogs without mixed programs (nothing
+    is charged a deferred round and no prompt row rides beside decoders: ``CatalogInfo.speculation_bounded``).
+    """
+    plain = sel.decode_ranking(None, 1)
+    n = plain.size
+    if n == 0:
+        return True  # no decoder with room: no speculative program has a lane either
+    cols = sel.source_columns(None)
+    if not (cols.uniform and cols.positive and cols.slope_prefix[n] >= 0.0):
+        return False
+    prices = list(accumulate(sorted(cols.prices, reverse=True), initial=0.0))
+    value, slopes, active, durations = plain.ranked.prefix, cols.slope_prefix, sel.pop.active_age_price, sel.t_ms
+    for group in groups:
+        extra = group.width - 1
+        for index, batch in group.batches:
+            t = durations[index]
+            if t <= 0.0:
+                return False
+            k = batch if batch < n else n
+            v = value[k] + extra * prices[k]
+            bound = (v + slopes[k] * t) / t - 0.5 * t * active
+            if bound + BOUND_MARGIN * (v / t + slopes[k] + 0.5 * t * active) >= top:
+                return False
+    return True

@@ -118,6 +118,11 @@ class CatalogInfo:
     # number of a mixed group -> per member, the rectangular programs of the same source, width and batch
     siblings: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
     bounded_sources: tuple[BoundedSource, ...] = ()
+    # ``eager`` split for ``select`` where ``speculation_bounded``: the speculative groups (rectangular, ragged
+    # and prefix-limit programs that draw proposals) and the rest; only in catalogs without mixed programs
+    eager_plain: tuple[Group, ...] = ()
+    eager_speculative: tuple[Group, ...] = ()
+    speculation_bounded: bool = False
     per_durations: PerDurations = field(default_factory=PerDurations, compare=False, repr=False)
 
     def __getitem__(self, index: int) -> GraphInfo:
@@ -143,6 +148,7 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
     dominators = dominator_table(graphs, [info.capacities for info in infos])
     groups = _groups(graphs, infos)
     eager, bounded = _split_groups(groups)
+    speculative = tuple(g for g in eager if _draws(g))
     group_of: list[Group | None] = [None] * len(graphs)
     for group in groups:
         for index in group.members:
@@ -154,6 +160,8 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
         prefill_graphs=tuple(i for i, g in enumerate(graphs) if g.kind is GraphKind.PREFILL),
         eager=eager, bounded=bounded, group_of=tuple(group_of),
         bounded_sources=_bounded_sources(bounded),
+        eager_plain=tuple(g for g in eager if not _draws(g)), eager_speculative=speculative,
+        speculation_bounded=bool(speculative or bounded) and not any(g.kind is GroupKind.MIXED for g in groups),
         same_depth_dominators=tuple(tuple(j for j in found if graphs[j].proposal_depth == graphs[i].proposal_depth)
                                     for i, found in enumerate(dominators)),
         siblings=_siblings(groups),
@@ -196,6 +204,12 @@ def _split_groups(groups: Sequence[Group]) -> tuple[tuple[Group, ...], tuple[Gro
                if g.source in widths and (g.kind.boundable or _ragged_generation(g)) and g.width > widths[g.source]]
     eager = tuple(g for g in groups if all(g is not b for b in bounded))
     return eager, tuple(sorted(bounded, key=lambda g: (g.source, g.width)))
+
+
+def _draws(group: Group) -> bool:
+    """Decode-only programs that draw proposals: rectangular, ragged and prefix-limit speculative ones."""
+    return group.source is not None and not group.prefill_capacity and group.kind in (
+        GroupKind.RECTANGULAR, GroupKind.ONE_BY_ONE)
 
 
 def _ragged_generation(group: Group) -> bool:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.select import dominance
-from helios.scheduler.select.bounds import decode_only_beaten, score_bounded
+from helios.scheduler.select.bounds import decode_only_beaten, score_bounded, speculation_cannot_reach
 from helios.scheduler.select.candidates import SCORERS, Candidate, Deferred, FlatIndex, Scored, decode_lanes, score_group
 from helios.scheduler.select.catalog import CatalogInfo, Group, GroupKind, describe
 from helios.scheduler.select.choice import Choice
@@ -51,19 +51,22 @@ def select(
     sel.derived = described.per_durations.current(sel.t_ms)
     out = Out(len(graphs))
     skipped = []  # groups whose programs cannot win (the general path scores them)
-    for group in described.eager:
-        kind = group.kind
-        # a mixed group with no prompt row to carry, whose decoders run faster elsewhere, cannot win
-        if kind is GroupKind.MIXED and decode_only_beaten(sel, group) and not (
-                group.prefill_capacity and sel.pop.prompters.handle):
-            skipped.append(group)
-            continue
-        SCORERS[kind](sel, group, graphs, timings, out)
-    if sel.pop.defers_decode and sel.pop.decoders.handle:
-        charge_deferred_round(sel, graphs, described.eager, out)
-    if sel.pop.prompts_beside_decoders and sel.pop.decoders.handle and sel.pop.prompters.handle:
-        drop_prefill_beside_decoders(sel, graphs, described.eager, described.bounded, out)
-    skipped += score_bounded(sel, described.bounded, graphs, timings, out)
+    if described.speculation_bounded:
+        _score_eager(sel, described.eager_plain, graphs, timings, out, skipped)
+        top = max(out.scores, default=MISSING)
+        if top != MISSING and not out.entries and speculation_cannot_reach(
+                sel, (*described.eager_speculative, *described.bounded), top):
+            skipped += [*described.eager_speculative, *described.bounded]
+        else:
+            _score_eager(sel, described.eager_speculative, graphs, timings, out, skipped)
+            skipped += score_bounded(sel, described.bounded, graphs, timings, out)
+    else:
+        _score_eager(sel, described.eager, graphs, timings, out, skipped)
+        if sel.pop.defers_decode and sel.pop.decoders.handle:
+            charge_deferred_round(sel, graphs, described.eager, out)
+        if sel.pop.prompts_beside_decoders and sel.pop.decoders.handle and sel.pop.prompters.handle:
+            drop_prefill_beside_decoders(sel, graphs, described.eager, described.bounded, out)
+        skipped += score_bounded(sel, described.bounded, graphs, timings, out)
     if not out.entries:
         fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
         if fast is not None:
@@ -71,6 +74,17 @@ def select(
     for group in skipped:  # the general path below ranks every program
         score_group(sel, group, graphs, timings, out)
     return _general(sel, graphs, timings, out)
+
+
+def _score_eager(sel: DecisionRankings, groups, graphs, timings, out: Out, skipped: list) -> None:
+    for group in groups:
+        kind = group.kind
+        # a mixed group with no prompt row to carry, whose decoders run faster elsewhere, cannot win
+        if kind is GroupKind.MIXED and decode_only_beaten(sel, group) and not (
+                group.prefill_capacity and sel.pop.prompters.handle):
+            skipped.append(group)
+            continue
+        SCORERS[kind](sel, group, graphs, timings, out)
 
 
 def _general(sel: DecisionRankings, graphs, timings, out: Out) -> Choice | None:

@@ -562,7 +562,7 @@ def test_U9_U12_skipped_wider_widths_decide_what_scoring_every_width_decides(see
     ties (U8) and padding pruning (U12): the reference scores every group eagerly."""
     graphs, timings, population = _bounded_case(random.Random(seed))
     described = describe(graphs)
-    everything = dataclasses.replace(described, eager=described.groups, bounded=())
+    everything = dataclasses.replace(described, eager=described.groups, bounded=(), speculation_bounded=False)
     fast = select(graphs, timings, population, described)
     plain = select(graphs, timings, population, everything)
     assert (fast is None) == (plain is None)
@@ -597,12 +597,34 @@ def test_U9_U12_skipped_ragged_programs_decide_what_scoring_them_decides(seed):
         dec.recency.append(rng.randint(0, 3))
     population = Population(dec, Prompters(), slope * len(dec) * rng.choice([0.0, 1.0]), rng.choice([1.0, 0.5]))
     described = describe(graphs)
-    everything = dataclasses.replace(described, eager=described.groups, bounded=())
+    everything = dataclasses.replace(described, eager=described.groups, bounded=(), speculation_bounded=False)
     fast, plain = select(graphs, timings, population, described), select(graphs, timings, population, everything)
     assert (fast is None) == (plain is None)
     if fast is not None:
         assert (fast.graph, fast.lanes, fast.score, fast.log_scale) == \
             (plain.graph, plain.lanes, plain.score, plain.log_scale)
+
+
+def test_U9_no_speculative_ranking_is_built_when_the_plain_ranking_bounds_every_width_below_decode(monkeypatch):
+    """In a catalog without mixed programs, speculative programs that cost several decode steps are
+    bounded from the width-one ranking alone (a draft adds at most the lane's price): no speculative
+    ranking is built and plain decode wins; priced cheaply, their rankings are built and they win."""
+    graphs = [decode(4), decode(16), spec(4, 2), spec(16, 2), spec(16, 4), spec(16, 4, depth=3, aggregate=32),
+              spec(16, 2, proposal="copy")]
+    dec = _unit_decoders(16, {"learned": (0.9, 0.8, 0.7), "copy": (0.9,)})
+    population = Population(dec, Prompters(), 0.0, 1.0)
+    built = []
+    real = DecisionRankings.decode_ranking
+    monkeypatch.setattr(DecisionRankings, "decode_ranking",
+                        lambda self, source, width, timing=None: built.append((source, width))
+                        or real(self, source, width, timing))
+    slow = [GraphTiming(int(ms * MS), True) for ms in (2, 5, 7, 11, 25, 25, 11)]
+    assert select(graphs, slow, population).graph.id == "decode_b16"
+    assert {source for source, _ in built} == {None}
+    built.clear()
+    cheap = [GraphTiming(int(ms * MS), True) for ms in (2, 5, 7, 6, 25, 25, 11)]
+    assert select(graphs, cheap, population).graph.id == graphs[3].id
+    assert ("learned", 2) in built
 
 
 def test_U9_a_ragged_or_prefix_limit_program_that_cannot_win_is_never_searched(monkeypatch):
