@@ -134,3 +134,23 @@ def test_a_chance_run_of_a_population_that_pays_does_not_open_the_gate():
         population.observe((value,))
     assert population.evidence_bound(1) > BREAK_EVEN  # average 0.1 over 10: the bound reads 0.45
     assert _first_draft(scheduler) == prior_survival(1)
+
+
+def _speculative_rounds_by_wave(policy) -> dict[str, int]:
+    """Ordinary speculative rounds with a member of each wave of eight (every 400 ms, accepting nothing)."""
+    catalog = load_catalog("examples/simulation/catalog.yaml")
+    waves = [TraceRequest(f"{wave}{i}", (400 * k + i) * MS, 32, 24, FixedAcceptance(0))
+             for k, wave in enumerate("abcd") for i in range(8)]
+    result = simulate(catalog, Trace(policy, 0, tuple(waves)))
+    rounds = [plan for plan in result.plans
+              if plan.graph.kind.value == "speculative" and plan.reason == "ordinary"]
+    return {wave: sum(1 for plan in rounds if any(member.startswith(wave) for member in plan.cohort))
+            for wave in "abcd"}
+
+
+def test_the_first_waves_rejections_are_evidence_enough_for_the_next_wave():
+    # wave a: two rounds of its eight requests, enough rejected first drafts (14) to open the Chernoff gate;
+    # S9's form on the prior-including mean needs about 43
+    assert _speculative_rounds_by_wave(DEFAULTS) == {"a": 2, "b": 0, "c": 0, "d": 0}
+    off = _speculative_rounds_by_wave(replace(DEFAULTS, population_gate_by_evidence=0))
+    assert off["a"] == 2 and off["b"] >= 1  # the Hoeffding gate lets wave b waste rounds too
