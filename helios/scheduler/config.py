@@ -13,7 +13,7 @@ POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
                  "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
                  "prompts_beside_decoders", "prompts_by_due", "extrapolate_unobserved_depths",
-                 "probes_win_as_plans", "acceptance_from_population")
+                 "probes_win_as_plans", "acceptance_from_population", "population_gate_by_evidence")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -93,6 +93,10 @@ class PolicyConfig:
     # drafts may pay, the prior stands (0: always the prior; docs/scheduling-utility.md, "Departures from the
     # spec")
     acceptance_from_population: int = 1
+    # 1: that gate reads the Chernoff bound at S9's confidence (weight * kl(mean, q) <= ln 20) on the average
+    # of the completed rounds alone, without the prior's two rounds at 0.5 (0: S9's Hoeffding bound on the
+    # population mean, prior included; docs/scheduling-utility.md, "Departures from the spec")
+    population_gate_by_evidence: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

@@ -370,7 +370,9 @@ class Scheduler:
         its own drafts pay. A copy, so later rounds of other requests leave this request's unobserved depths
         where they started (S8). The gate reads S9's bound on the population mean, not the mean: a population
         of a few rounds can read below the break-even by chance, and then no new request would ever try a
-        draft (spec-low, seed 0: four rejected first drafts, then none for the rest of the run)."""
+        draft (spec-low, seed 0: four rejected first drafts, then none for the rest of the run). With
+        ``PolicyConfig.population_gate_by_evidence`` the bound is the Chernoff one at S9's confidence on the
+        rounds alone (``AcceptancePopulation.evidence_bound``): 14 rejected drafts open it, not about 43."""
         if not self.policy.acceptance_from_population:
             return {}
         starts = {}
@@ -379,7 +381,9 @@ class Scheduler:
             if population is None or not population.depths:
                 continue
             break_even = self._draft_break_even(source)
-            if break_even is not None and population.optimistic(1) < break_even:
+            bound = (population.evidence_bound(1) if self.policy.population_gate_by_evidence
+                     else population.optimistic(1))
+            if break_even is not None and bound < break_even:
                 starts[source] = population.start()
         return starts
 

@@ -130,15 +130,32 @@ class AcceptancePopulation:
     """
 
     depths: list[PrefixEstimate] = field(default_factory=list)
+    # per depth, the same average of the rounds alone, without the prior's two rounds: what
+    # ``evidence_bound`` reads (mean 0 at weight 0 until a round arrives)
+    evidence: list[PrefixEstimate] = field(default_factory=list)
 
     def observe(self, values: Sequence[float]) -> None:
         """One completed round's per-depth outcome, ``values[d - 1]`` at depth d (S6, S10)."""
         _check_probabilities("acceptance observation", values)
         while len(self.depths) < len(values):
             self.depths.append(PrefixEstimate(prior_survival(len(self.depths) + 1)))
+            self.evidence.append(PrefixEstimate(0.0, 0.0))
         for estimate, value in zip(self.depths, values):
             estimate.weight = min(estimate.weight + 1.0, POPULATION_WEIGHT_CAP)
             estimate.mean += (value - estimate.mean) / estimate.weight
+        for estimate, value in zip(self.evidence, values):
+            estimate.weight = min(estimate.weight + 1.0, POPULATION_WEIGHT_CAP)
+            estimate.mean += (value - estimate.mean) / estimate.weight
+
+    def evidence_bound(self, depth: int) -> float:
+        """An upper confidence bound on the population's survival at ``depth`` from its rounds alone, at S9's
+        level: the Chernoff (relative-entropy) bound ``chernoff_upper(mean, w)`` of their average (1.0 before
+        any round; ``PolicyConfig.population_gate_by_evidence``)."""
+        _check_depth(depth)
+        if depth > len(self.evidence):
+            return 1.0
+        estimate = self.evidence[depth - 1]
+        return chernoff_upper(estimate.mean, estimate.weight)
 
     def mean(self, depth: int) -> float:
         _check_depth(depth)
@@ -170,6 +187,41 @@ class PrefixEstimate:
     def optimistic(self) -> float:
         """Upper confidence bound min(1, mean + sqrt(ln 20 / (2 w))) (S9)."""
         return optimistic_survival(self.mean, self.weight)
+
+
+def bernoulli_divergence(p: float, q: float) -> float:
+    """kl(p, q) = p ln(p/q) + (1-p) ln((1-p)/(1-q)) for p, q in [0, 1] (0 ln 0 = 0; inf where q excludes p)."""
+    total = 0.0
+    if p > 0.0:
+        if q <= 0.0:
+            return math.inf
+        total += p * math.log(p / q)
+    if p < 1.0:
+        if q >= 1.0:
+            return math.inf
+        total += (1.0 - p) * math.log((1.0 - p) / (1.0 - q))
+    return total
+
+
+def chernoff_upper(mean: float, weight: float, log_term: float = OPTIMISM_LOG_TERM) -> float:
+    """The largest q >= mean with weight * kl(mean, q) <= log_term: the Chernoff bound for an average of
+    ``weight`` outcomes in [0, 1] at S9's confidence (ln 20), by bisection to 1e-12. It is never above
+    S9's Hoeffding form mean + sqrt(ln 20 / (2 w)) (Pinsker: kl(p, q) >= 2 (q - p)^2) and far below it
+    near 0: after n rejections alone it is 1 - 20^(-1/n) (0.21 at n = 14) against sqrt(ln 20 / (2 n))
+    (0.33). Weight 0: 1.0."""
+    if weight <= 0.0:
+        return 1.0
+    budget = log_term / weight
+    low, high = mean, 1.0
+    if bernoulli_divergence(mean, high) <= budget:
+        return 1.0
+    while high - low > 1e-12:
+        middle = 0.5 * (low + high)
+        if bernoulli_divergence(mean, middle) <= budget:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def optimistic_survival(mean: float, weight: float) -> float:

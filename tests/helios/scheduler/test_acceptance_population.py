@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from helios.scheduler import PolicyConfig
-from helios.scheduler.speculation import prior_survival
+from helios.scheduler.speculation import chernoff_upper, optimistic_survival, prior_survival
 from helios.sim.files import FixedAcceptance, Trace, TraceRequest, load_catalog
 from helios.sim.simulator import simulate
 from sched_harness import ask, decode, measured, spec
@@ -87,3 +87,70 @@ def test_completed_rounds_teach_the_population_so_later_requests_waste_no_drafts
     off = _late_speculative_rounds(replace(DEFAULTS, acceptance_from_population=0))
     assert off >= 2  # at 0.5 each fresh request's estimate needs a few rejected rounds to fall
     assert _late_speculative_rounds(DEFAULTS) == 0  # the earlier waves' rounds taught the population
+
+
+# ``PolicyConfig.population_gate_by_evidence`` (issue 20, ninth session, 2026-12-05): the gate reads the
+# Chernoff bound at S9's confidence on the rounds alone. After n rejected first drafts and nothing else it is
+# 1 - 20**(-1/n) exactly (kl(0, q) = -ln(1 - q)): 0.2058 at n = 13, above the break-even 3.11 / 2.58 - 1 =
+# 0.2054, and 0.1926 at n = 14, below it. S9's Hoeffding bound on the prior-including mean needs about 43.
+BREAK_EVEN = 3.11 / 2.58 - 1
+
+
+def test_the_chernoff_bound_after_rejections_alone_is_exact_and_below_hoeffding():
+    for n in (1, 4, 13, 14, 43, 64):
+        assert chernoff_upper(0.0, n) == pytest.approx(1 - 20 ** (-1 / n), abs=1e-9)
+    for mean in (0.0, 0.1, 0.35, 0.5, 0.9):
+        for weight in (1.0, 6.0, 30.0, 64.0):
+            hoeffding = optimistic_survival(mean, weight)
+            assert mean <= chernoff_upper(mean, weight) <= hoeffding + 1e-9  # Pinsker
+    assert chernoff_upper(0.3, 0.0) == 1.0
+
+
+@pytest.mark.parametrize("rejections, opens", [(13, False), (14, True)])
+def test_the_gate_opens_on_the_evidence_of_fourteen_rejected_drafts(rejections, opens):
+    assert (1 - 20 ** (-1 / 13)) > BREAK_EVEN > (1 - 20 ** (-1 / 14))  # the arithmetic the cases rest on
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for _ in range(rejections):
+        population.observe((0.0,))
+    expected = population.mean(1) if opens else prior_survival(1)
+    assert _first_draft(scheduler) == pytest.approx(expected)
+
+
+def test_the_choice_off_keeps_the_hoeffding_bound_on_the_prior_including_mean():
+    off = _scheduler(population_gate_by_evidence=0)
+    population = off.acceptance_population["learned"]
+    for _ in range(14):
+        population.observe((0.0,))
+    assert population.optimistic(1) > BREAK_EVEN  # mean 1/16 + sqrt(ln 20 / 32) = 0.368
+    assert _first_draft(off) == prior_survival(1)
+
+
+def test_a_chance_run_of_a_population_that_pays_does_not_open_the_gate():
+    # spec-low's traced start (true first-draft survival 0.35): four rejections, then one accepted in six
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for value in (0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0):
+        population.observe((value,))
+    assert population.evidence_bound(1) > BREAK_EVEN  # average 0.1 over 10: the bound reads 0.45
+    assert _first_draft(scheduler) == prior_survival(1)
+
+
+def _speculative_rounds_by_wave(policy) -> dict[str, int]:
+    """Ordinary speculative rounds with a member of each wave of eight (every 400 ms, accepting nothing)."""
+    catalog = load_catalog("examples/simulation/catalog.yaml")
+    waves = [TraceRequest(f"{wave}{i}", (400 * k + i) * MS, 32, 24, FixedAcceptance(0))
+             for k, wave in enumerate("abcd") for i in range(8)]
+    result = simulate(catalog, Trace(policy, 0, tuple(waves)))
+    rounds = [plan for plan in result.plans
+              if plan.graph.kind.value == "speculative" and plan.reason == "ordinary"]
+    return {wave: sum(1 for plan in rounds if any(member.startswith(wave) for member in plan.cohort))
+            for wave in "abcd"}
+
+
+def test_the_first_waves_rejections_are_evidence_enough_for_the_next_wave():
+    # wave a: two rounds of its eight requests, enough rejected first drafts (14) to open the Chernoff gate;
+    # S9's form on the prior-including mean needs about 43
+    assert _speculative_rounds_by_wave(DEFAULTS) == {"a": 2, "b": 0, "c": 0, "d": 0}
+    off = _speculative_rounds_by_wave(replace(DEFAULTS, population_gate_by_evidence=0))
+    assert off["a"] == 2 and off["b"] >= 1  # the Hoeffding gate lets wave b waste rounds too
