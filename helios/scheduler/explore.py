@@ -98,8 +98,7 @@ class Explorer:
         self.probes_win_as_plans = probes_win_as_plans  # ``PolicyConfig.probes_win_as_plans``
         # every program a probe may run (``_measured_programs`` picks among them): catalog index, and the
         # most tokens it commits for a lane, 1 + min(W - 1, D)
-        self._probe_programs = tuple((i, 1 + max(0, min(g.width - 1, g.proposal_depth)))
-                                     for i, g in enumerate(self.graphs)
+        self._probe_programs = tuple((i, 1 + _draft_cap(g)) for i, g in enumerate(self.graphs)
                                      if g.kind in GENERATION_KINDS and self.infos[i].source is not None)
         self._programs_for: Decision | None = None  # the decision ``_by_source`` was built for
         self._stale_for: Sequence[GraphTiming] | None = None  # the timings ``_stale`` was read from
@@ -456,7 +455,7 @@ def _coefficients(ordinary_depth: int, deeper: list[tuple[int, int]]) -> tuple[i
     return ordinary_depth, [(depth - ordinary_depth, scale / duration_ns) for depth, duration_ns in deeper]
 
 
-def _draft_cap(program: WidthProgram) -> int:
+def _draft_cap(program: WidthProgram | GraphDescriptor) -> int:
     """Drafts the program verifies for a lane whose room never binds: min(W - 1, D)."""
     return max(0, min(program.width - 1, program.proposal_depth))
 

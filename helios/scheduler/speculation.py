@@ -140,12 +140,10 @@ class AcceptancePopulation:
         while len(self.depths) < len(values):
             self.depths.append(PrefixEstimate(prior_survival(len(self.depths) + 1)))
             self.evidence.append(PrefixEstimate(0.0, 0.0))
-        for estimate, value in zip(self.depths, values):
-            estimate.weight = min(estimate.weight + 1.0, POPULATION_WEIGHT_CAP)
-            estimate.mean += (value - estimate.mean) / estimate.weight
-        for estimate, value in zip(self.evidence, values):
-            estimate.weight = min(estimate.weight + 1.0, POPULATION_WEIGHT_CAP)
-            estimate.mean += (value - estimate.mean) / estimate.weight
+        for averages in (self.depths, self.evidence):
+            for estimate, value in zip(averages, values):
+                estimate.weight = min(estimate.weight + 1.0, POPULATION_WEIGHT_CAP)
+                estimate.mean += (value - estimate.mean) / estimate.weight
 
     def evidence_bound(self, depth: int) -> float:
         """An upper confidence bound on the population's survival at ``depth`` from its rounds alone, at S9's
