@@ -89,6 +89,7 @@ from helios.scheduler.speculation import (
     PopulationPrior,
     ProposalDraws,
     RequestAcceptance,
+    aging_factor,
     extrapolated_survival,
     survival_observations,
 )
@@ -521,6 +522,16 @@ class Scheduler:
             state.survival[source] = tuple(means)
             state.gains[source] = cumulative_gains(state.survival[source], self.policy.adaptive_verification_alpha)
             state.estimates[source] = (raw, weights)
+
+    @staticmethod
+    def _age_survival(state: RequestState, factor: float) -> None:
+        """``_refresh_survival`` after a round that only aged the estimates (no drafts offered, no
+        confidence row): every weight was multiplied by ``factor`` and no mean moved, so the selection
+        means and gains stand and each cached weight takes the same product (the same floats). Most
+        rounds of a speculating server are plain decode rounds, and recomputing every source's means,
+        envelope and gains for each of their lanes was most of what such a round cost adaptive over off."""
+        for source, (raw, weights) in state.estimates.items():
+            state.estimates[source] = (raw, tuple([w * factor for w in weights]))
 
     # -- planning -----------------------------------------------------------
 
@@ -1050,6 +1061,9 @@ class Scheduler:
             ceiling=lane.ceiling or lane.query_length,
         )
         state.acceptance.complete(outcome, self.acceptance_prior)
+        if outcome.source is None and outcome.confidence is None:
+            self._age_survival(state, aging_factor(outcome.generated_tokens))
+            return
         if outcome.source in self.acceptance_population:
             # the verified per-depth outcome S6/S10 fold into the request, into the population too
             observed = survival_observations(outcome.offered, outcome.accepted, outcome.terminated, outcome.survival)

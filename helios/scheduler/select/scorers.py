@@ -93,7 +93,11 @@ def score_rectangular(sel: DecisionRankings, group: "Group", graphs, timings, ou
 
     The hottest loop of a decision, so it reads the shared prefix sums directly:
     an unknown duration scores its optimistic work (U8), a known one its value
-    rate (U6).
+    rate (U6). A member that a smaller member of the group pads out (U12: both
+    serve all n decoders, ``Group.padded_by``) is not written at all: the
+    pruning would remove it anyway, and an unmeasured one left in would send
+    every decision down the general path to be pruned there again (at one
+    stream, every larger batch capacity of every width, for the whole run).
     """
     untimed = sel.decode_ranking(group.source, group.width)
     n = untimed.size
@@ -102,7 +106,10 @@ def score_rectangular(sel: DecisionRankings, group: "Group", graphs, timings, ou
     active = sel.pop.active_age_price
     prefix, slopes, uniform, durations = untimed.ranked.prefix, untimed.slope_prefix, untimed.uniform_slope, sel.t_ms
     scores, payloads = out.scores, out.payloads
-    for index, batch in group.batches:
+    padded_by = group.padded_by or (0,) * len(group.batches)
+    for (index, batch), padded in zip(group.batches, padded_by):
+        if padded >= n:
+            continue  # U12: a member of batch ``padded`` >= n does the same work in a smaller shape
         t = durations[index]
         k = batch if batch < n else n
         if t <= 0.0:
