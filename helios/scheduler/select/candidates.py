@@ -331,12 +331,21 @@ BUILT = {
 
 
 def _score_one_by_one(sel: DecisionRankings, group: Group, graphs: Sequence[GraphDescriptor], timings, out: Out) -> None:
-    """Ragged and prefix-limit programs: their own candidate functions (which may defer)."""
+    """Ragged and prefix-limit programs: their own candidate functions (which may defer).
+
+    A ragged program whose rows all fit serves all n decoders where a rectangular program of its ranking
+    with batch >= n serves them too: U12 prunes it (``CatalogInfo.ragged_padded_by``), so it is not written.
+    Unmeasured, such a program would otherwise send every low-concurrency decision down the general path.
+    """
+    padded_by = sel.infos.ragged_padded_by
     for index in group.members:
         graph = graphs[index]
         found = CANDIDATES[graph.kind](sel, index, graph, timings[index])
-        if found is not None:
-            out.entries[index] = found
+        if found is None:
+            continue
+        if padded_by and padded_by[index] and type(found) is tuple and padded_by[index] >= found[2].size:
+            continue  # found[2]: the ranking whose best min(B, n) lanes it serves, all n of them here
+        out.entries[index] = found
 
 
 SCORERS = {  # how each kind of group scores its members into an ``Out``

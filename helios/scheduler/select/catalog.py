@@ -8,7 +8,7 @@ speculative ones scored only when a bound says they can win (``bounds.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Sequence
 
@@ -59,6 +59,9 @@ class Group:
     members: tuple[int, ...]
     batches: tuple[tuple[int, int], ...] = ()  # (member, its batch capacity)
     number: int = 0  # position in ``CatalogInfo.groups``: the key of per-group caches
+    # per ``batches`` entry of a rectangular group: the largest batch capacity among the members that prune
+    # it as padding when both serve every decoder (U12: same kind and depth, capacities no larger), 0 if none
+    padded_by: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -123,6 +126,10 @@ class CatalogInfo:
     eager_plain: tuple[Group, ...] = ()
     eager_speculative: tuple[Group, ...] = ()
     speculation_bounded: bool = False
+    # per graph, for ragged (query-length) programs: the largest batch capacity of a rectangular program of
+    # the same source, logical width, kind and depth that prunes it as padding where both serve all n
+    # decoders (``candidates._score_one_by_one``); 0 for every other graph
+    ragged_padded_by: tuple[int, ...] = ()
     per_durations: PerDurations = field(default_factory=PerDurations, compare=False, repr=False)
 
     def __getitem__(self, index: int) -> GraphInfo:
@@ -146,7 +153,9 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
         for g in graphs
     )
     dominators = dominator_table(graphs, [info.capacities for info in infos])
-    groups = _groups(graphs, infos)
+    same_depth = tuple(tuple(j for j in found if graphs[j].proposal_depth == graphs[i].proposal_depth)
+                       for i, found in enumerate(dominators))
+    groups = _with_padding(_groups(graphs, infos), same_depth)
     eager, bounded = _split_groups(groups)
     speculative = tuple(g for g in eager if _draws(g))
     group_of: list[Group | None] = [None] * len(graphs)
@@ -162,10 +171,41 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
         bounded_sources=_bounded_sources(bounded),
         eager_plain=tuple(g for g in eager if not _draws(g)), eager_speculative=speculative,
         speculation_bounded=bool(speculative or bounded) and not any(g.kind is GroupKind.MIXED for g in groups),
-        same_depth_dominators=tuple(tuple(j for j in found if graphs[j].proposal_depth == graphs[i].proposal_depth)
-                                    for i, found in enumerate(dominators)),
+        same_depth_dominators=same_depth,
+        ragged_padded_by=_ragged_padding(graphs, infos, same_depth, group_of),
         siblings=_siblings(groups),
     )
+
+
+def _with_padding(groups: Sequence[Group], same_depth: Sequence[tuple[int, ...]]) -> tuple[Group, ...]:
+    """Each rectangular group's ``padded_by``: a member whose dominator in the group has a batch of at
+    least n decoders serves the same n lanes with the same query lengths as that dominator (both take all
+    n), so U12 prunes it whatever its score (``scorers.score_rectangular`` leaves it out)."""
+    found = []
+    for group in groups:
+        if group.kind is GroupKind.RECTANGULAR:
+            batch_of = dict(group.batches)
+            padded = tuple(max((batch_of[j] for j in same_depth[index] if j in batch_of), default=0)
+                           for index, _ in group.batches)
+            group = replace(group, padded_by=padded)
+        found.append(group)
+    return tuple(found)
+
+
+def _ragged_padding(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo],
+                    same_depth: Sequence[tuple[int, ...]], group_of: Sequence[Group | None]) -> tuple[int, ...]:
+    """``CatalogInfo.ragged_padded_by``: a ragged program whose row budget does not bind serves the best
+    min(B, n) decoders of its (source, logical width) ranking, the cohort the rectangular programs of that
+    ranking serve, so a dominating rectangular one of batch >= n does its work in a smaller shape (U12)."""
+    found = []
+    for index, (graph, info) in enumerate(zip(graphs, infos)):
+        batch = 0
+        if graph.ragged and not info.prefix_limit:
+            batch = max((graphs[j].batch_capacity for j in same_depth[index]
+                         if (group := group_of[j]) is not None and group.kind is GroupKind.RECTANGULAR
+                         and (group.source, group.width) == (info.source, info.width)), default=0)
+        found.append(batch)
+    return tuple(found)
 
 
 def _bounded_sources(bounded: Sequence[Group]) -> tuple[BoundedSource, ...]:
