@@ -30,7 +30,6 @@ each one down the general path, even where they cost several decode steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Sequence
 
 from helios.scheduler.select.candidates import score_group
@@ -166,11 +165,15 @@ def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top
     """Whether no program of the speculative ``groups`` (every width, rectangular, ragged and prefix-limit)
     can reach ``top``, bounded from the plain width-one ranking alone (``select`` then scores none).
 
-    A lane's value at width w is its token price times at most w expected tokens, plus its width-free
-    delivery price and age credit: at most its width-one value plus (w - 1) times its price. Any
-    source's lanes are among the plain ranking's (a room of at least one), so the best k lanes of a
-    speculative program are worth at most the best k width-one values plus (w - 1) times the k highest
-    prices, a ragged or prefix-limit program's fewer lanes no more than that while every lane adds value.
+    A lane's value at width w is its token price times its expected tokens, 1 + s_1**a + ... +
+    s_(w-1)**a, plus its width-free delivery price and age credit; survival never rises with depth (S5),
+    so that is at most its width-one value plus (w - 1) times its next gain p * s_1**a (``next_gains``
+    at width one: zero for a lane without the source). Any source's lanes are among the plain ranking's
+    (a room of at least one), so the best k lanes of a speculative program are worth at most the best k
+    width-one values plus (w - 1) times the k largest next gains, a ragged or prefix-limit program's
+    fewer lanes no more than that while every lane adds value. (Bounding each draft by the whole price,
+    as if every draft were accepted, let cheap copy rounds through at four streams, where their ranking
+    was built in every decision for drafts accepted a tenth of the time.)
     Each program is bounded with its own duration and the age terms of its k lanes (one slope for all);
     one unknown duration scores everything (U8). Used only in catalogs without mixed programs (nothing
     is charged a deferred round and no prompt row rides beside decoders: ``CatalogInfo.speculation_bounded``).
@@ -182,16 +185,17 @@ def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top
     cols = sel.source_columns(None)
     if not (cols.uniform and cols.positive and cols.slope_prefix[n] >= 0.0):
         return False
-    prices = list(accumulate(sorted(cols.prices, reverse=True), initial=0.0))
     value, slopes, active, durations = plain.ranked.prefix, cols.slope_prefix, sel.pop.active_age_price, sel.t_ms
     for group in groups:
         extra = group.width - 1
+        gains = sel.next_gains(group.source, 1)  # prefix sums, largest first; one entry per eligible lane, and 0
+        last = len(gains) - 1
         for index, batch in group.batches:
             t = durations[index]
             if t <= 0.0:
                 return False
             k = batch if batch < n else n
-            v = value[k] + extra * prices[k]
+            v = value[k] + extra * gains[k if k < last else last]
             bound = (v + slopes[k] * t) / t - 0.5 * t * active
             if bound + BOUND_MARGIN * (v / t + slopes[k] + 0.5 * t * active) >= top:
                 return False

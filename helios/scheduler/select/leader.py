@@ -67,10 +67,9 @@ def select(
         if sel.pop.prompts_beside_decoders and sel.pop.decoders.handle and sel.pop.prompters.handle:
             drop_prefill_beside_decoders(sel, graphs, described.eager, described.bounded, out)
         skipped += score_bounded(sel, described.bounded, graphs, timings, out)
-    if not out.entries:
-        fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
-        if fast is not None:
-            return fast
+    fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
+    if fast is not None:
+        return fast
     for group in skipped:  # the general path below ranks every program
         score_group(sel, group, graphs, timings, out)
     return _general(sel, graphs, timings, out)
@@ -122,6 +121,13 @@ def _measured_leader(sel: DecisionRankings, scored: Scored, out: Out, skipped: S
     pick is the one at that score. Programs of ``skipped`` groups score below it
     (``bounds.score_bounded``); if one of them could prune it as padding, this
     declines too, and ``select`` scores them all.
+
+    Entries beside the flat scores (a ragged program's exact cohort, a
+    prefix-limit program's deferred search) leave the answer alone when each
+    is measured, ranks (or is bounded) strictly below the leader and cannot
+    prune it: the general path's deferred search stops at a bound below the
+    best undominated entry (``_add_deferred``). At one stream these entries are
+    in every decision of a speculating server.
     """
     scores = out.scores
     top = max(scores, default=MISSING)
@@ -129,6 +135,12 @@ def _measured_leader(sel: DecisionRankings, scored: Scored, out: Out, skipped: S
         return None
     index = scores.index(top)
     infos, payloads, graphs = sel.infos, out.payloads, scored.graphs
+    if out.entries:
+        dominators = infos.same_depth_dominators[index]
+        for other, entry in out.entries.items():
+            unknown, value = entry.bound if type(entry) is Deferred else entry[0]
+            if unknown or value >= top or other in dominators:
+                return None
     if skipped and dominance.skipped_may_dominate(infos, index, skipped):
         return None
     entry = (False, top), index, payloads[index]

@@ -627,6 +627,25 @@ def test_U9_no_speculative_ranking_is_built_when_the_plain_ranking_bounds_every_
     assert ("learned", 2) in built
 
 
+@pytest.mark.parametrize("survival, speculative", [(0.1, False), (0.9, True)])
+def test_U9_S5_drafts_rarely_accepted_bound_a_cheap_speculative_program_below_decode(monkeypatch, survival,
+                                                                                    speculative):
+    """A width-two round at 1.5 decode steps could win if every draft were accepted; at a tenth accepted
+    (each draft worth p * s_1) neither source's ranking is built and plain decode wins; at nine tenths the
+    rankings are built and a speculative program wins."""
+    graphs = [decode(4), spec(4, 2), spec(4, 2, proposal="copy")]
+    timings = [GraphTiming(int(ms * MS), True) for ms in (2, 3, 3)]
+    dec = _unit_decoders(4, {"learned": (survival,), "copy": (survival * 0.9,)})
+    built = []
+    real = DecisionRankings.decode_ranking
+    monkeypatch.setattr(DecisionRankings, "decode_ranking",
+                        lambda self, source, width, timing=None: built.append(source)
+                        or real(self, source, width, timing))
+    choice = select(graphs, timings, Population(dec, Prompters(), 0.0, 1.0))
+    assert (choice.graph.kind is GraphKind.SPECULATIVE) == speculative
+    assert (set(built) == {None}) != speculative
+
+
 def test_U9_a_ragged_or_prefix_limit_program_that_cannot_win_is_never_searched(monkeypatch):
     """At full acceptance of one draft and none beyond, a ragged and a prefix-limit program of width four
     cost three decode steps for at most two tokens a lane (and width two costs more than twice a decode
@@ -679,6 +698,55 @@ def test_U12_a_narrower_width_still_prunes_a_faster_wider_program_doing_its_work
     choice = select(graphs, timings, population)
     assert wide_alone.score == pytest.approx(2.0)  # 4 lanes x 2 tokens in 4 ms: the best score
     assert choice.graph is graphs[0] and choice.score == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("decoders, winner, general", [(1, "decode_b1", False), (3, "decode_b4", False),
+                                                      (5, "decode_b8", True)])
+def test_U12_U8_unmeasured_padded_programs_take_no_decision_off_the_flat_path(monkeypatch, decoders, winner,
+                                                                             general):
+    """Never-run larger batch capacities (decode_b8 and decode_b16 at one stream, for a whole run, and a
+    ragged program of batch 16) are padding for the measured smaller program serving the same decoders: the decision is read from the flat
+    scores, as it would be without them. An unmeasured program that is not padding (decode_b8 with five
+    decoders) still wins by U8 through the general path. A ragged and a prefix-limit program that full
+    acceptance would let win, scored at the lanes' low acceptance (entries beside the flat scores, ranked or
+    bounded below the leader), leave it on the flat path."""
+    from helios.scheduler.select import leader
+
+    graphs = [decode(1), decode(4), decode(8), decode(16), spec(1, 2), spec(4, 2), spec(8, 2),
+              spec(4, 2, aggregate=6), spec(2, 2, aggregate=3, source=ValueSource.PREFIX_LIMIT), spec(16, 2, aggregate=24)]
+    timings = [GraphTiming(2 * MS, True), GraphTiming(3 * MS, True), GraphTiming(0, False), GraphTiming(0, False),
+               GraphTiming(3 * MS, True), GraphTiming(12 * MS, True), GraphTiming(15 * MS, True),
+               GraphTiming(5 * MS, True), GraphTiming(5 * MS, True), GraphTiming(0, False)]
+    population = Population(_unit_decoders(decoders, {"learned": (0.1, 0.05)}), Prompters(), 0.0, 1.0)
+    took = []
+    real = leader._general
+    monkeypatch.setattr(leader, "_general", lambda *a: took.append(True) or real(*a))
+    choice = select(graphs, timings, population)
+    assert choice.graph.id == winner and bool(took) == general
+    assert len(choice.lanes) == decoders
+
+
+def test_U8_an_unmeasured_ragged_program_serving_more_decoders_than_any_smaller_shape_is_explored():
+    """Five decoders: the rectangular program of batch four serves only four, so the ragged program of
+    batch eight (all five lanes, rows to spare) is not padding and, never measured, wins by U8."""
+    graphs = [decode(4), spec(4, 2), spec(8, 2, aggregate=12)]
+    timings = [GraphTiming(3 * MS, True), GraphTiming(4 * MS, True), GraphTiming(0, False)]
+    population = Population(_unit_decoders(5, {"learned": (0.5,)}), Prompters(), 0.0, 1.0)
+    choice = select(graphs, timings, population)
+    assert choice.graph is graphs[2] and len(choice.lanes) == 5
+
+
+def test_U12_a_ragged_entry_below_the_flat_leader_still_prunes_it_as_padding():
+    """Three decoders at width two fill six rows: the ragged program of aggregate six does the rectangular
+    width-two program's work (eight rows) in a smaller shape. The rectangular one is measured faster and
+    scores best, but U12 prunes it, so the ragged program wins though its own score is lower."""
+    graphs = [decode(4), spec(4, 2), spec(4, 2, aggregate=6)]
+    timings = [GraphTiming(int(ms * MS), True) for ms in (4, 5, 6)]
+    population = Population(_unit_decoders(3, {"learned": (1.0,)}), Prompters(), 0.0, 1.0)
+    rectangular_alone = select(graphs[:2], timings[:2], population)
+    choice = select(graphs, timings, population)
+    assert rectangular_alone.graph is graphs[1] and rectangular_alone.score == pytest.approx(6 / 5)
+    assert choice.graph is graphs[2] and choice.score == pytest.approx(6 / 6)
 
 
 @pytest.mark.parametrize("mixed_ms, winner", [(5.0, "mixed"), (7.0, "decode")])
