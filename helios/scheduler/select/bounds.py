@@ -175,7 +175,9 @@ def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top
     as if every draft were accepted, let cheap copy rounds through at four streams, where their ranking
     was built in every decision for drafts accepted a tenth of the time.)
     Each program is bounded with its own duration and the age terms of its k lanes (one slope for all);
-    one unknown duration scores everything (U8). Used only in catalogs without mixed programs (nothing
+    one unknown duration scores everything (U8), except where the program cannot have a cohort (no
+    decoder eligible for its source) or is padding U12 prunes whatever its score (a smaller member of
+    its ranking serves all n decoders: never-run batch-eight programs at four streams). Used only in catalogs without mixed programs (nothing
     is charged a deferred round and no prompt row rides beside decoders: ``CatalogInfo.speculation_bounded``).
     """
     plain = sel.decode_ranking(None, 1)
@@ -186,11 +188,18 @@ def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top
     if not (cols.uniform and cols.positive and cols.slope_prefix[n] >= 0.0):
         return False
     value, slopes, active, durations = plain.ranked.prefix, cols.slope_prefix, sel.pop.active_age_price, sel.t_ms
+    ragged_padded_by, infos = sel.infos.ragged_padded_by, sel.infos.graphs
     for group in groups:
         extra = group.width - 1
         gains = sel.next_gains(group.source, 1)  # prefix sums, largest first; one entry per eligible lane, and 0
         last = len(gains) - 1
-        for index, batch in group.batches:
+        if last == 0:
+            continue  # no decoder may take this source's drafts (e.g. its draft cache fell behind): no cohort
+        padded_by = group.padded_by or (0,) * len(group.batches)
+        for (index, batch), padded in zip(group.batches, padded_by):
+            if padded >= n or ragged_padded_by and ragged_padded_by[index] >= n and (
+                    n * group.width <= infos[index].capacities[2]):
+                continue  # padding U12 prunes (``score_rectangular``, ``_score_one_by_one``), measured or not
             t = durations[index]
             if t <= 0.0:
                 return False

@@ -646,6 +646,27 @@ def test_U9_S5_drafts_rarely_accepted_bound_a_cheap_speculative_program_below_de
     assert (set(built) == {None}) != speculative
 
 
+def test_U9_U12_never_run_padding_and_sources_no_lane_may_take_leave_the_width_one_bound_standing(monkeypatch):
+    """Four decoders with rarely accepted learned drafts and no copy source: the never-run batch-eight
+    programs are padding (the batch-four ones serve all four), and the never-run copy program has no lane,
+    so neither stops the bound: no speculative ranking is built and decode_b4 wins. A fifth decoder makes
+    the batch-eight programs real candidates, never run, which U8 scores."""
+    graphs = [decode(4), decode(8), spec(4, 2), spec(8, 2), spec(4, 2, aggregate=6), spec(8, 2, aggregate=12),
+              spec(4, 2, proposal="copy")]
+    timings = [GraphTiming(2 * MS, True), GraphTiming(0, False), GraphTiming(3 * MS, True), GraphTiming(0, False),
+               GraphTiming(3 * MS, True), GraphTiming(0, False), GraphTiming(0, False)]
+    built = []
+    real = DecisionRankings.decode_ranking
+    monkeypatch.setattr(DecisionRankings, "decode_ranking",
+                        lambda self, source, width, timing=None: built.append(source)
+                        or real(self, source, width, timing))
+    four = Population(_unit_decoders(4, {"learned": (0.1,)}), Prompters(), 0.0, 1.0)
+    assert select(graphs, timings, four).graph.id == "decode_b4" and set(built) == {None}
+    built.clear()
+    five = Population(_unit_decoders(5, {"learned": (0.1,)}), Prompters(), 0.0, 1.0)
+    assert not select(graphs, timings, five).timing.known and "learned" in built
+
+
 def test_U9_a_ragged_or_prefix_limit_program_that_cannot_win_is_never_searched(monkeypatch):
     """At full acceptance of one draft and none beyond, a ragged and a prefix-limit program of width four
     cost three decode steps for at most two tokens a lane (and width two costs more than twice a decode
