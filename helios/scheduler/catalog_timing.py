@@ -27,7 +27,7 @@ from typing import Sequence
 from flare_contract.graphs import GENERATION_KINDS, CostKey, GraphDescriptor, GraphKind
 from helios.scheduler.cost import DurationModel
 from helios.scheduler.select.timing import GraphTiming, durations_ms
-from helios.scheduler.service import DeliveryFamily, ShapeTiming, token_normalizer
+from helios.scheduler.service import DeliveryFamily, ShapeTiming, guaranteed_tokens
 from helios.scheduler.utility import PrefillTimes
 
 
@@ -41,6 +41,12 @@ class CatalogTiming:
         for index, key in enumerate(self._keys):
             self._by_key.setdefault(key, []).append(index)
         self._graphs = tuple(graphs)
+        # (index, guaranteed tokens) of the programs ``_best_rate`` reads: generation programs first, every one
+        # serving tokens as fallback (``service.token_normalizer``'s terms, fixed by the catalog)
+        tokens = [guaranteed_tokens(g) for g in self._graphs]
+        self._generation_tokens = tuple((i, n) for i, (g, n) in enumerate(zip(self._graphs, tokens))
+                                        if n > 0 and g.kind in GENERATION_KINDS)
+        self._serving_tokens = tuple((i, n) for i, n in enumerate(tokens) if n > 0)
         self._timings: list[GraphTiming] = []
         self._durations: list[float] | None = None  # durations_ms(self._timings), built on first use
         self._prefill: tuple[PrefillTimes | None] | None = None  # (prefill_times(self._timings),), on first use
@@ -171,10 +177,21 @@ class CatalogTiming:
         return GraphTiming(standing.estimate_ns, standing.fresh)
 
     def _best_rate(self) -> float | None:
-        """The normalizer as the core defines it: generation programs first, the whole catalog as fallback."""
-        estimates = [(g, t.duration_ns) for g, t in zip(self._graphs, self._timings)]
-        measured = token_normalizer((g, ns) for g, ns in estimates if g.kind in GENERATION_KINDS)
-        return measured if measured is not None else token_normalizer(estimates)
+        """The normalizer as the core defines it: generation programs first, the whole catalog as fallback
+        (``service.token_normalizer`` over each, with the tokens each program guarantees read once; this runs
+        after every completed frame, over every program of the catalog)."""
+        timings = self._timings
+        for terms in (self._generation_tokens, self._serving_tokens):
+            best = None
+            for index, tokens in terms:
+                ns = timings[index].duration_ns
+                if ns > 0:
+                    rate = tokens / (ns / 1e6)
+                    if best is None or rate > best:
+                        best = rate
+            if best is not None:
+                return best
+        return None
 
 
 @dataclass(slots=True)

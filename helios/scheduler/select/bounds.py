@@ -189,9 +189,12 @@ def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top
         return False
     value, slopes, active, durations = plain.ranked.prefix, cols.slope_prefix, sel.pop.active_age_price, sel.t_ms
     ragged_padded_by, infos = sel.infos.ragged_padded_by, sel.infos.graphs
+    by_source: dict[str, list[float]] = {}
     for group in groups:
         extra = group.width - 1
-        gains = sel.next_gains(group.source, 1)  # prefix sums, largest first; one entry per eligible lane, and 0
+        gains = by_source.get(group.source)
+        if gains is None:  # prefix sums, largest first; one entry per eligible lane, and 0
+            gains = by_source[group.source] = sel.next_gains(group.source, 1)
         last = len(gains) - 1
         if last == 0:
             continue  # no decoder may take this source's drafts (e.g. its draft cache fell behind): no cohort
