@@ -9,10 +9,13 @@ loaded trusted, as ``flare run`` loads its bundled one), all of them started
 at once in this process and warmed up (every program called once, then one
 untimed pass per stream count so durations are learned). Then, for each
 repetition, for each stream count, every engine in turn (interleaved, so the
-load of a shared machine hits all of them alike) serves ``streams`` concurrent
+load of a shared machine hits all of them alike, and in reverse order every
+other repetition: the engine served second ran 2-8 % faster in either order,
+so use an even ``--repetitions``) serves ``streams`` concurrent
 greedy requests of ``--tokens`` output tokens each, prompts of 128 tokens cut
 from standard-library source. Prints median output tokens per second per
-engine and stream count, each with its ratio to the first engine, and each
+engine and stream count, each with its ratio to the first engine (of the
+medians, and the median and range of each repetition's own ratio), and each
 engine's frames by program kind and scheduling reason, and by program.
 """
 
@@ -92,7 +95,9 @@ async def _run(args) -> None:
                 await _serve(c.engine, prompts[:n], args.tokens, f"warm{n}")
         for rep in range(args.repetitions):
             for n in streams:
-                for c in contenders:
+                # the engine served second ran 2-8 % faster in either order on this machine (2026-12-05):
+                # each repetition reverses the order, so an even count gives every engine each place equally
+                for c in (contenders if rep % 2 == 0 else contenders[::-1]):
                     before, calls = _frames(c.engine), Counter(c.calls.counts)
                     produced, seconds = await _serve(c.engine, prompts[:n], args.tokens, f"r{rep}s{n}")
                     results.setdefault((c.label, n), []).append(produced / seconds)
@@ -101,12 +106,16 @@ async def _run(args) -> None:
     finally:
         for c in contenders:
             await c.engine.stop()
-    print(f"\nmedian output tok/s over {args.repetitions} interleaved repetitions (ratio to the first engine)")
+    print(f"\nmedian output tok/s over {args.repetitions} interleaved repetitions (ratio to the first engine; "
+          "then the median and range of the repetitions' own ratios)")
     for n in streams:
-        base = statistics.median(results[(contenders[0].label, n)])
+        first = results[(contenders[0].label, n)]
+        base = statistics.median(first)
         for c in contenders:
             value = statistics.median(results[(c.label, n)])
-            print(f"streams {n:2d}  {c.label:60s} {value:8.1f} ({value / base:.2f}x)")
+            paired = sorted(v / b for v, b in zip(results[(c.label, n)], first))
+            print(f"streams {n:2d}  {c.label:60s} {value:8.1f} ({value / base:.3f}x; paired "
+                  f"{statistics.median(paired):.3f}, {paired[0]:.3f}-{paired[-1]:.3f})")
     for c in contenders:
         executions = c.engine.frame_counters().executions
         print(f"{c.label}: frames by (kind, reason): "

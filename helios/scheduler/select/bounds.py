@@ -30,6 +30,7 @@ each one down the general path, even where they cost several decode steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Sequence
 
 from helios.scheduler.select.candidates import score_group
@@ -141,6 +142,19 @@ def _flat_bound_rows(sel: DecisionRankings, source: str, groups: Sequence[Group]
     return flat
 
 
+def _first_gains(sel: DecisionRankings, source: str) -> list[float]:
+    """``sel.next_gains(source, 1)`` up to lanes whose gain is zero (which add nothing to a prefix sum),
+    read straight from the kept gains: p * s_1**a per lane with room and the source, largest first,
+    as prefix sums. Without the source's columns, which a decision that bounds speculation out never
+    needs otherwise."""
+    d = sel.pop.decoders
+    if len(d.gains) != len(d):  # gains not kept per request (a hand-built population): the ranking's own
+        return sel.next_gains(source, 1)
+    first = sorted([p * row[1] for p, g, room in zip(d.token_price, d.gains, d.room)
+                    if room >= 1 and (row := g.get(source)) is not None and len(row) > 1], reverse=True)
+    return list(accumulate(first, initial=0.0))
+
+
 def decode_only_beaten(sel: DecisionRankings, group: Group) -> bool:
     """Whether every program of a mixed ``group`` scores its decoders-only cohort strictly below
     a rectangular program of the same source, width and batch measured faster.
@@ -194,7 +208,7 @@ def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top
         extra = group.width - 1
         gains = by_source.get(group.source)
         if gains is None:  # prefix sums, largest first; one entry per eligible lane, and 0
-            gains = by_source[group.source] = sel.next_gains(group.source, 1)
+            gains = by_source[group.source] = _first_gains(sel, group.source)
         last = len(gains) - 1
         if last == 0:
             continue  # no decoder may take this source's drafts (e.g. its draft cache fell behind): no cohort
