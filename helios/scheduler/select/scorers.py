@@ -125,12 +125,21 @@ def score_rectangular(sel: DecisionRankings, group: "Group", graphs, timings, ou
 
 
 def score_prefill(sel: DecisionRankings, group: "Group", graphs, timings, out: Out) -> None:
-    """Every prefill program: the best B prompters of its capacity (U13), no age term."""
-    if not sel.pop.prompters.handle:
+    """Every prefill program: the best B prompters of its capacity (U13), no age term.
+
+    An unmeasured one is left out where D4 would drop it whichever prompters it took: no waiting prompt
+    reaches further than a smaller prefill capacity (the longest distance to an endpoint, capped at its
+    capacity, fits in one). Never run, such programs (``prefill_p1024`` beside prompts of 128 tokens)
+    stayed entries of every decision while a prompt waited, each sending it down the general path.
+    """
+    prompters = sel.pop.prompters
+    if not prompters.handle:
         return
-    active, durations = sel.pop.active_age_price, sel.t_ms
+    active, durations, sizes = sel.pop.active_age_price, sel.t_ms, sel.infos.prefill_sizes
+    furthest = max(prompters.to_endpoint)
     for index, batch in group.batches:
-        prompts = sel.prompt_ranking(graphs[index].prefill_capacity)
+        capacity = graphs[index].prefill_capacity
+        prompts = sel.prompt_ranking(capacity)
         ranked = prompts.ranked
         n = len(ranked.values)
         k = batch if batch < n else n
@@ -140,6 +149,9 @@ def score_prefill(sel: DecisionRankings, group: "Group", graphs, timings, out: O
                 out.scores[index] = rate(ranked.top() if k == 1 else ranked.prefix[k], 0.0, t, active)
                 out.payloads[index] = prompts
             else:
+                reach = furthest if furthest < capacity else capacity
+                if any(reach <= size < capacity for size in sizes):
+                    continue  # D4 (``leader._explores_redundantly``) drops it for any cohort
                 out.entries[index] = (True, ranked.prefix[k]), index, prompts
 
 

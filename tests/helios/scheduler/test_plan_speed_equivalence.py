@@ -28,7 +28,7 @@ import pytest
 from exhaustive import EXAMPLES, expected_tokens
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_harness import MS, decode, mixed, spec
+from sched_harness import MS, decode, mixed, prefill, spec
 
 from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor, GraphKind, ValueSource
 from helios.scheduler.select.catalog import describe
@@ -745,6 +745,29 @@ def test_U12_U8_unmeasured_padded_programs_take_no_decision_off_the_flat_path(mo
     choice = select(graphs, timings, population)
     assert choice.graph.id == winner and bool(took) == general
     assert len(choice.lanes) == decoders
+
+
+@pytest.mark.parametrize("remaining, winner, general", [(100, "prefill_b1_c256", False),
+                                                        (300, "prefill_b1_c1024", True)])
+def test_D4_never_run_larger_prefills_a_waiting_prompt_cannot_use_keep_the_flat_path(monkeypatch, remaining,
+                                                                                 winner, general):
+    """A 100-token prompt fits the measured 256-token prefill, so the never-run 1024 and 4096 ones would
+    be dropped by D4 whichever prompt they took: the decision is read from the flat scores. A 300-token
+    prompt reaches past 256: the 1024 program is explored (U8) through the general path, and the 4096 one,
+    which reaches no further, is not."""
+    from helios.scheduler.select import leader
+
+    graphs = [decode(4), prefill(256), prefill(1024), prefill(4096)]
+    timings = [GraphTiming(3 * MS, True), GraphTiming(6 * MS, True), GraphTiming(0, False), GraphTiming(0, False)]
+    prm = Prompters()
+    for column, value in ((prm.handle, RequestHandle(9, 1)), (prm.start, 0), (prm.remaining, remaining),
+                          (prm.to_endpoint, remaining), (prm.price, 1.0), (prm.first_token, 1.0), (prm.recency, 0)):
+        column.append(value)
+    took = []
+    real = leader._general
+    monkeypatch.setattr(leader, "_general", lambda *a: took.append(True) or real(*a))
+    choice = select(graphs, timings, Population(_unit_decoders(2, {}), prm, 0.0, 1.0))
+    assert choice.graph.id == winner and bool(took) == general
 
 
 def test_U8_an_unmeasured_ragged_program_serving_more_decoders_than_any_smaller_shape_is_explored():
