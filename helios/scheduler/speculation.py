@@ -15,7 +15,9 @@ accepted. Each depth is an aged running mean:
   still letting a first speculative round be tried. Where the scheduler's
   ``AcceptancePopulation`` shows first drafts that no measured program can
   pay for, a new request starts at its means instead
-  (``PolicyConfig.acceptance_from_population``).
+  (``PolicyConfig.acceptance_from_population``), and funded learning reads
+  no more optimism at a depth the request has not observed than the bound
+  that showed it (``PolicyConfig.population_bounds_probes``).
 - An observation v in [0, 1] moves the mean by (v - mean) / w' where
   w' = min(w + 1, 128): a plain average until 128 observations, then an
   exponential average with step 1/128 (S8's cap).
