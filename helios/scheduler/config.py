@@ -13,7 +13,8 @@ POLICY_PRESETS = ("balanced", "throughput")
 CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_decode", "age_price_by_cadence",
                  "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
                  "prompts_beside_decoders", "prompts_by_due", "extrapolate_unobserved_depths",
-                 "probes_win_as_plans", "acceptance_from_population", "population_gate_by_evidence")
+                 "probes_win_as_plans", "acceptance_from_population", "population_gate_by_evidence",
+                 "population_bounds_probes")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -97,6 +98,11 @@ class PolicyConfig:
     # of the completed rounds alone, without the prior's two rounds at 0.5 (0: S9's Hoeffding bound on the
     # population mean, prior included; docs/scheduling-utility.md, "Departures from the spec")
     population_gate_by_evidence: int = 1
+    # 1: a request whose estimates start from that population (the gate open) reads, for funded learning (D8),
+    # no more optimism at a depth it has not observed than the population's bound the gate reads: S9's
+    # bound on the copied mean is capped there (0: S9's bound at S8's weight 2, +0.87 on the population's
+    # mean; docs/scheduling-utility.md, "Departures from the spec")
+    population_bounds_probes: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

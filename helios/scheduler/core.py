@@ -385,7 +385,8 @@ class Scheduler:
             bound = (population.evidence_bound(1) if self.policy.population_gate_by_evidence
                      else population.optimistic(1))
             if break_even is not None and bound < break_even:
-                starts[source] = population.start()
+                starts[source] = population.start(bool(self.policy.population_bounds_probes),
+                                                  bool(self.policy.population_gate_by_evidence))
         return starts
 
     def _draft_break_even(self, source: str) -> float | None:

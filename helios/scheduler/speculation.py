@@ -15,7 +15,9 @@ accepted. Each depth is an aged running mean:
   still letting a first speculative round be tried. Where the scheduler's
   ``AcceptancePopulation`` shows first drafts that no measured program can
   pay for, a new request starts at its means instead
-  (``PolicyConfig.acceptance_from_population``).
+  (``PolicyConfig.acceptance_from_population``), and funded learning reads
+  no more optimism at a depth the request has not observed than the bound
+  that showed it (``PolicyConfig.population_bounds_probes``).
 - An observation v in [0, 1] moves the mean by (v - mean) / w' where
   w' = min(w + 1, 128): a plain average until 128 observations, then an
   exponential average with step 1/128 (S8's cap).
@@ -103,6 +105,9 @@ class PopulationPrior:
     """
 
     means: list[float] = field(default_factory=list)
+    # per depth, an upper confidence bound on the survival these means estimate, where they are a copy of an
+    # ``AcceptancePopulation`` (``PolicyConfig.population_bounds_probes``); a depth without one is unbounded
+    bounds: list[float] = field(default_factory=list)
 
     def mean(self, depth: int) -> float:
         _check_depth(depth)
@@ -166,9 +171,17 @@ class AcceptancePopulation:
             return optimistic_survival(prior_survival(depth), PRIOR_WEIGHT)
         return self.depths[depth - 1].optimistic()
 
-    def start(self) -> PopulationPrior:
-        """The means a new request's unobserved depths start at (depths never observed: 0.5**d)."""
-        return PopulationPrior([estimate.mean for estimate in self.depths])
+    def start(self, bounded: bool = False, by_evidence: bool = True) -> PopulationPrior:
+        """The means a new request's unobserved depths start at (depths never observed: 0.5**d).
+
+        ``bounded`` (``PolicyConfig.population_bounds_probes``): the copy also keeps, per depth, the upper
+        confidence bound the gate reads, ``evidence_bound`` (``by_evidence``) or S9's ``optimistic``, so that
+        funded learning reads no more optimism into a copied mean than the population's evidence allows."""
+        means = [estimate.mean for estimate in self.depths]
+        if not bounded:
+            return PopulationPrior(means)
+        read = self.evidence_bound if by_evidence else self.optimistic
+        return PopulationPrior(means, [read(depth) for depth in range(1, len(self.depths) + 1)])
 
 
 @dataclass(slots=True)
@@ -185,6 +198,14 @@ class PrefixEstimate:
     def optimistic(self) -> float:
         """Upper confidence bound min(1, mean + sqrt(ln 20 / (2 w))) (S9)."""
         return optimistic_survival(self.mean, self.weight)
+
+
+def bounded_weight(mean: float, bound: float) -> float:
+    """The weight w at which S9's bound mean + sqrt(ln 20 / (2 w)) equals ``bound`` (inf where the bound
+    is at or below the mean: no optimism at all)."""
+    if bound <= mean:
+        return math.inf
+    return OPTIMISM_LOG_TERM / (2.0 * (bound - mean) ** 2)
 
 
 def bernoulli_divergence(p: float, q: float) -> float:
@@ -329,12 +350,22 @@ class PrefixSurvival:
     def _prior_mean(self, depth: int) -> float:
         return self.population.mean(depth) if self.population is not None else prior_survival(depth)
 
+    def _unobserved_weight(self, depth: int, mean: float) -> float:
+        """The weight funded learning reads behind an unobserved depth: S8's aged prior weight, or, where the
+        start is a population copy with a bound (``PopulationPrior.bounds``), at least the weight at which S9's
+        bound, mean + sqrt(ln 20 / (2 w)), reaches that bound (``PolicyConfig.population_bounds_probes``): the
+        copied mean is the population's, and no more is known of this request than the population shows."""
+        if self.population is None or depth > len(self.population.bounds):
+            return self.prior_weight
+        return max(self.prior_weight, bounded_weight(mean, self.population.bounds[depth - 1]))
+
     def _estimate(self, depth: int) -> PrefixEstimate:
         """The stored estimate at ``depth``, or a detached prior one (reads never store)."""
         _check_depth(depth)
         if depth <= len(self.depths):
             return self.depths[depth - 1]
-        return PrefixEstimate(self._prior_mean(depth), self.prior_weight)
+        mean = self._prior_mean(depth)
+        return PrefixEstimate(mean, self._unobserved_weight(depth, mean))
 
     def _stored(self, depth: int) -> PrefixEstimate:
         _check_depth(depth)
@@ -380,7 +411,8 @@ class PrefixSurvival:
         stored = self.depths[: max(depths, 0)]
         unstored = range(len(stored) + 1, depths + 1)  # at the prior, as ``_estimate`` reads them
         means = tuple([e.mean for e in stored] + [self._prior_mean(d) for d in unstored])
-        return means, tuple([e.weight for e in stored] + [self.prior_weight] * len(unstored))
+        weights = [e.weight for e in stored] + [self._unobserved_weight(d, means[d - 1]) for d in unstored]
+        return means, tuple(weights)
 
     def age(self, generated_tokens: int) -> None:
         """Decay every depth's weight, the prior's included, for tokens generated (half-life 128)."""

@@ -154,3 +154,67 @@ def test_the_first_waves_rejections_are_evidence_enough_for_the_next_wave():
     assert _speculative_rounds_by_wave(DEFAULTS) == {"a": 2, "b": 0, "c": 0, "d": 0}
     off = _speculative_rounds_by_wave(replace(DEFAULTS, population_gate_by_evidence=0))
     assert off["a"] == 2 and off["b"] >= 1  # the Hoeffding gate lets wave b waste rounds too
+
+
+# ``PolicyConfig.population_bounds_probes`` (issue 20, tenth session, 2026-12-05): a request started from the
+# population reads, for funded learning (D8), no more optimism at a depth it has not observed than the bound
+# the gate read. Before, S9's bound at S8's starting weight 2 added sqrt(ln 20 / 4) = 0.87 to the copied mean,
+# so every such request looked as promising to a probe as a fresh one.
+
+
+def test_a_population_start_reads_the_populations_bound_as_its_optimism_not_s8s_weight_two():
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for _ in range(20):
+        population.observe((0.0,))
+    bound = population.evidence_bound(1)  # 1 - 20 ** (-1 / 20) = 0.139
+    assert bound < BREAK_EVEN
+    estimates = scheduler.acceptance_of(scheduler.admit(ask(sources=("learned",)))).source("learned")
+    assert estimates.survival(1) == pytest.approx(population.mean(1))  # ordinary selection's mean is 12's start
+    assert estimates.optimistic(1) == pytest.approx(bound)
+    means, weights = estimates.means_and_weights(3)
+    assert optimistic_survival(means[0], weights[0]) == pytest.approx(bound)  # what the probe search reads
+    off = _scheduler(population_bounds_probes=0)
+    for _ in range(20):
+        off.acceptance_population["learned"].observe((0.0,))
+    loose = off.acceptance_of(off.admit(ask(sources=("learned",)))).source("learned")
+    assert loose.survival(1) == pytest.approx(population.mean(1))
+    assert loose.optimistic(1) == pytest.approx(optimistic_survival(population.mean(1), 2.0))  # + 0.87
+    assert loose.optimistic(1) > BREAK_EVEN
+
+
+def test_a_request_on_the_prior_keeps_s9s_optimism():
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for _ in range(4):
+        population.observe((0.0,))  # the gate stays shut: no copy, no bound
+    estimates = scheduler.acceptance_of(scheduler.admit(ask(sources=("learned",)))).source("learned")
+    assert estimates.optimistic(1) == optimistic_survival(prior_survival(1), 2.0)
+
+
+def _probes_of_a_lone_late_request(policy) -> int:
+    """Acceptance probes of one long request arriving alone after a wave that accepted nothing."""
+    catalog = load_catalog("examples/simulation/catalog.yaml")
+    wave = [TraceRequest(f"a{i}", i * MS, 32, 24, FixedAcceptance(0)) for i in range(8)]
+    lone = TraceRequest("z", 300 * MS, 32, 400, FixedAcceptance(0))  # alone long enough to fill D8's credit
+    result = simulate(catalog, Trace(policy, 0, (*wave, lone)))
+    return sum(1 for plan in result.plans if plan.reason == "acceptance_learning" and "z" in plan.cohort)
+
+
+def test_a_lone_request_started_from_the_population_is_not_probed_where_drafts_cannot_pay():
+    assert _probes_of_a_lone_late_request(DEFAULTS) == 0
+    assert _probes_of_a_lone_late_request(replace(DEFAULTS, population_bounds_probes=0)) >= 1
+
+
+def test_a_population_starts_own_rounds_count_at_s8s_weight_and_lift_the_cap():
+    scheduler = _scheduler()
+    population = scheduler.acceptance_population["learned"]
+    for _ in range(20):
+        population.observe((0.0,))
+    estimates = scheduler.acceptance_of(scheduler.admit(ask(sources=("learned",)))).source("learned")
+    start = estimates.survival(1)
+    estimates.observe((1.0,))  # the request's own first draft, accepted
+    assert estimates.weight(1) == 3.0  # stored at S8's weight 2, not at the cap's
+    assert estimates.survival(1) == pytest.approx(start + (1.0 - start) / 3.0)
+    assert estimates.optimistic(1) == pytest.approx(optimistic_survival(estimates.survival(1), 3.0))
+    assert estimates.optimistic(1) > population.evidence_bound(1)  # its own evidence, no longer the cap
