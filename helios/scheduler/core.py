@@ -147,6 +147,11 @@ class RequestState:
     # (slot, generation) of ``handle``: a key hashed in C, which queued frames use (``Frame.terms``)
     key: tuple[int, int] = field(init=False, default=(0, 0))
 
+    @property
+    def bounded_start(self) -> bool:
+        """Some source starts from a population copy with bounds (``PolicyConfig.population_bounds_probes``)."""
+        return any(start.bounds for start in self.acceptance.starts.values())
+
     def __post_init__(self) -> None:
         self.key = (self.handle.slot, self.handle.generation)
 
@@ -530,7 +535,9 @@ class Scheduler:
         confidence row): every weight was multiplied by ``factor`` and no mean moved, so the selection
         means and gains stand and each cached weight takes the same product (the same floats). Most
         rounds of a speculating server are plain decode rounds, and recomputing every source's means,
-        envelope and gains for each of their lanes was most of what such a round cost adaptive over off."""
+        envelope and gains for each of their lanes was most of what such a round cost adaptive over off.
+        Not for a request started from a bounded population copy (``PolicyConfig.population_bounds_probes``):
+        an unobserved depth's weight there is the larger of the aged prior weight and a fixed one."""
         for source, (raw, weights) in state.estimates.items():
             state.estimates[source] = (raw, tuple([w * factor for w in weights]))
 
@@ -1062,7 +1069,7 @@ class Scheduler:
             ceiling=lane.ceiling or lane.query_length,
         )
         state.acceptance.complete(outcome, self.acceptance_prior)
-        if outcome.source is None and outcome.confidence is None:
+        if outcome.source is None and outcome.confidence is None and not state.bounded_start:
             self._age_survival(state, aging_factor(outcome.generated_tokens))
             return
         if outcome.source in self.acceptance_population:

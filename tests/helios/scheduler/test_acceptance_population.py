@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from helios.scheduler import PolicyConfig
-from helios.scheduler.speculation import chernoff_upper, optimistic_survival, prior_survival
+from helios.scheduler.speculation import chernoff_upper, extrapolated_survival, optimistic_survival, prior_survival
 from helios.sim.files import FixedAcceptance, Trace, TraceRequest, load_catalog
 from helios.sim.simulator import simulate
 from sched_harness import ask, decode, measured, spec
@@ -218,3 +218,27 @@ def test_a_population_starts_own_rounds_count_at_s8s_weight_and_lift_the_cap():
     assert estimates.survival(1) == pytest.approx(start + (1.0 - start) / 3.0)
     assert estimates.optimistic(1) == pytest.approx(optimistic_survival(estimates.survival(1), 3.0))
     assert estimates.optimistic(1) > population.evidence_bound(1)  # its own evidence, no longer the cap
+
+
+def test_kept_weights_of_a_population_start_follow_its_estimates_through_plain_rounds(monkeypatch):
+    """A plain round only ages a request's weights, and the core scales its kept weights instead of
+    recomputing them; an unobserved depth of a bounded population start reads the larger of the aged prior
+    weight and a fixed one, so there the core recomputes: the kept means and weights always equal the
+    estimates' own, before every decision of the lone request's run."""
+    from helios.scheduler.core import Scheduler
+
+    checked = {"bounded": 0}
+    real = Scheduler._observe_acceptance
+
+    def observe(self, state, lane, graph, record, sidecar):
+        real(self, state, lane, graph, record, sidecar)
+        for source, (means, weights) in state.estimates.items():
+            estimates = state.acceptance.by_source[source]
+            own_means, own_weights = estimates.means_and_weights(self._max_depth)
+            assert weights == own_weights  # exactly: the probe search reads S9's bound from them
+            assert means == extrapolated_survival(own_means, len(estimates.depths))
+        checked["bounded"] += state.bounded_start
+
+    monkeypatch.setattr(Scheduler, "_observe_acceptance", observe)
+    _probes_of_a_lone_late_request(DEFAULTS)
+    assert checked["bounded"] > 100  # the lone request's plain rounds, each checked
