@@ -143,15 +143,15 @@ def _flat_bound_rows(sel: DecisionRankings, source: str, groups: Sequence[Group]
 
 
 def _first_gains(sel: DecisionRankings, source: str) -> list[float]:
-    """``sel.next_gains(source, 1)`` up to lanes whose gain is zero (which add nothing to a prefix sum),
-    read straight from the kept gains: p * s_1**a per lane with room and the source, largest first,
-    as prefix sums. Without the source's columns, which a decision that bounds speculation out never
-    needs otherwise."""
+    """``sel.next_gains(source, 1)`` read straight from the kept gains: p * s_1**a per lane with room and
+    the source (0 without a first survival), largest first, as prefix sums; one entry per eligible lane,
+    so a source no lane may take has none. Without the source's columns, which a decision that bounds
+    speculation out never needs otherwise."""
     d = sel.pop.decoders
     if len(d.gains) != len(d):  # gains not kept per request (a hand-built population): the ranking's own
         return sel.next_gains(source, 1)
-    first = sorted([p * row[1] for p, g, room in zip(d.token_price, d.gains, d.room)
-                    if room >= 1 and (row := g.get(source)) is not None and len(row) > 1], reverse=True)
+    first = sorted([p * row[1] if len(row) > 1 else 0.0 for p, g, room in zip(d.token_price, d.gains, d.room)
+                    if room >= 1 and (row := g.get(source)) is not None], reverse=True)
     return list(accumulate(first, initial=0.0))
 
 
@@ -191,8 +191,9 @@ def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top
     Each program is bounded with its own duration and the age terms of its k lanes (one slope for all);
     one unknown duration scores everything (U8), except where the program cannot have a cohort (no
     decoder eligible for its source) or is padding U12 prunes whatever its score (a smaller member of
-    its ranking serves all n decoders: never-run batch-eight programs at four streams). Used only in catalogs without mixed programs (nothing
-    is charged a deferred round and no prompt row rides beside decoders: ``CatalogInfo.speculation_bounded``).
+    its ranking serves all n decoders: never-run batch-eight programs at four streams). Used only in
+    catalogs without mixed programs (nothing is charged a deferred round and no prompt row rides beside
+    decoders: ``CatalogInfo.speculation_bounded``).
     """
     plain = sel.decode_ranking(None, 1)
     n = plain.size
