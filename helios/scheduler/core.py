@@ -532,14 +532,13 @@ class Scheduler:
     @staticmethod
     def _age_survival(state: RequestState, factor: float) -> None:
         """``_refresh_survival`` after a round that only aged the estimates (no drafts offered, no
-        confidence row): every weight was multiplied by ``factor`` and no mean moved, so the selection
-        means and gains stand and each cached weight takes the same product (the same floats). Most
-        rounds of a speculating server are plain decode rounds, and recomputing every source's means,
-        envelope and gains for each of their lanes was most of what such a round cost adaptive over off.
-        Not for a request started from a bounded population copy (``PolicyConfig.population_bounds_probes``):
-        an unobserved depth's weight there is the larger of the aged prior weight and a fixed one."""
+        confidence row): no mean moved, so the selection means and gains stand, and each kept weight
+        follows the aging (``PrefixSurvival.aged_weights``: the same floats). Most rounds of a
+        speculating server are plain decode rounds, and recomputing every source's means, envelope and
+        gains for each of their lanes was most of what such a round cost adaptive over off."""
+        by_source = state.acceptance.by_source
         for source, (raw, weights) in state.estimates.items():
-            state.estimates[source] = (raw, tuple([w * factor for w in weights]))
+            state.estimates[source] = (raw, by_source[source].aged_weights(weights, factor))
 
     # -- planning -----------------------------------------------------------
 
@@ -1069,7 +1068,7 @@ class Scheduler:
             ceiling=lane.ceiling or lane.query_length,
         )
         state.acceptance.complete(outcome, self.acceptance_prior)
-        if outcome.source is None and outcome.confidence is None and not state.bounded_start:
+        if outcome.source is None and outcome.confidence is None:
             self._age_survival(state, aging_factor(outcome.generated_tokens))
             return
         if outcome.source in self.acceptance_population:

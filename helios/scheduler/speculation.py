@@ -108,14 +108,26 @@ class PopulationPrior:
     # per depth, an upper confidence bound on the survival these means estimate, where they are a copy of an
     # ``AcceptancePopulation`` (``PolicyConfig.population_bounds_probes``); a depth without one is unbounded
     bounds: list[float] = field(default_factory=list)
+    # depth -> ``bounded_weight(mean(depth), bounds[depth - 1])``, read once per depth while the means stand
+    _bounded_weights: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
 
     def mean(self, depth: int) -> float:
         _check_depth(depth)
         return self.means[depth - 1] if depth <= len(self.means) else prior_survival(depth)
 
+    def bounded_weight(self, depth: int) -> float:
+        """The weight at which S9's bound on ``mean(depth)`` reaches ``bounds[depth - 1]`` (``bounded_weight``).
+        A request's start is a copy that nothing observes, so each of its unobserved depths reads this on every
+        plain round; it is computed once per depth while the means stand."""
+        found = self._bounded_weights.get(depth)
+        if found is None:
+            found = self._bounded_weights[depth] = bounded_weight(self.mean(depth), self.bounds[depth - 1])
+        return found
+
     def observe(self, probabilities: Sequence[float]) -> None:
         """One lane's completed prefix probabilities, ``probabilities[d - 1]`` at depth d."""
         _check_probabilities("joint-prefix probability", probabilities)
+        self._bounded_weights.clear()
         while len(self.means) < len(probabilities):
             self.means.append(prior_survival(len(self.means) + 1))
         for index, value in enumerate(probabilities):
@@ -350,14 +362,15 @@ class PrefixSurvival:
     def _prior_mean(self, depth: int) -> float:
         return self.population.mean(depth) if self.population is not None else prior_survival(depth)
 
-    def _unobserved_weight(self, depth: int, mean: float) -> float:
+    def _unobserved_weight(self, depth: int) -> float:
         """The weight funded learning reads behind an unobserved depth: S8's aged prior weight, or, where the
         start is a population copy with a bound (``PopulationPrior.bounds``), at least the weight at which S9's
         bound, mean + sqrt(ln 20 / (2 w)), reaches that bound (``PolicyConfig.population_bounds_probes``): the
         copied mean is the population's, and no more is known of this request than the population shows."""
-        if self.population is None or depth > len(self.population.bounds):
+        population = self.population
+        if population is None or depth > len(population.bounds):
             return self.prior_weight
-        return max(self.prior_weight, bounded_weight(mean, self.population.bounds[depth - 1]))
+        return max(self.prior_weight, population.bounded_weight(depth))
 
     def _estimate(self, depth: int) -> PrefixEstimate:
         """The stored estimate at ``depth``, or a detached prior one (reads never store)."""
@@ -365,7 +378,7 @@ class PrefixSurvival:
         if depth <= len(self.depths):
             return self.depths[depth - 1]
         mean = self._prior_mean(depth)
-        return PrefixEstimate(mean, self._unobserved_weight(depth, mean))
+        return PrefixEstimate(mean, self._unobserved_weight(depth))
 
     def _stored(self, depth: int) -> PrefixEstimate:
         _check_depth(depth)
@@ -411,8 +424,19 @@ class PrefixSurvival:
         stored = self.depths[: max(depths, 0)]
         unstored = range(len(stored) + 1, depths + 1)  # at the prior, as ``_estimate`` reads them
         means = tuple([e.mean for e in stored] + [self._prior_mean(d) for d in unstored])
-        weights = [e.weight for e in stored] + [self._unobserved_weight(d, means[d - 1]) for d in unstored]
+        weights = [e.weight for e in stored] + [self._unobserved_weight(d) for d in unstored]
         return means, tuple(weights)
+
+    def aged_weights(self, weights: Sequence[float], factor: float) -> tuple[float, ...]:
+        """``means_and_weights(len(weights))[1]`` after ``age``, where ``weights`` is what it read before and
+        ``factor`` the aging's (no observation between): a stored depth's weight and the prior weight were
+        each multiplied by ``factor``, so those are the same products, and only an unobserved depth under a
+        bounded start (``_unobserved_weight``) is read again. The means do not move."""
+        stored = len(self.depths)
+        if self.population is None or not self.population.bounds or stored >= len(weights):
+            return tuple([w * factor for w in weights])
+        return tuple([w * factor for w in weights[:stored]]
+                     + [self._unobserved_weight(d) for d in range(stored + 1, len(weights) + 1)])
 
     def age(self, generated_tokens: int) -> None:
         """Decay every depth's weight, the prior's included, for tokens generated (half-life 128)."""

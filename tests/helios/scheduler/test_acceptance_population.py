@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from helios.scheduler import PolicyConfig
-from helios.scheduler.speculation import chernoff_upper, extrapolated_survival, optimistic_survival, prior_survival
+from helios.scheduler.speculation import (PopulationPrior, PrefixSurvival, aging_factor, chernoff_upper,
+                                         extrapolated_survival, optimistic_survival, prior_survival)
 from helios.sim.files import FixedAcceptance, Trace, TraceRequest, load_catalog
 from helios.sim.simulator import simulate
 from sched_harness import ask, decode, measured, spec
@@ -221,10 +222,10 @@ def test_a_population_starts_own_rounds_count_at_s8s_weight_and_lift_the_cap():
 
 
 def test_kept_weights_of_a_population_start_follow_its_estimates_through_plain_rounds(monkeypatch):
-    """A plain round only ages a request's weights, and the core scales its kept weights instead of
-    recomputing them; an unobserved depth of a bounded population start reads the larger of the aged prior
-    weight and a fixed one, so there the core recomputes: the kept means and weights always equal the
-    estimates' own, before every decision of the lone request's run."""
+    """A plain round only ages a request's weights, and the core ages its kept weights instead of
+    recomputing them (``PrefixSurvival.aged_weights``); an unobserved depth of a bounded population start
+    reads the larger of the aged prior weight and a fixed one, so scaling alone would be wrong there: the
+    kept means and weights always equal the estimates' own, before every decision of the lone request's run."""
     from helios.scheduler.core import Scheduler
 
     checked = {"bounded": 0}
@@ -242,3 +243,29 @@ def test_kept_weights_of_a_population_start_follow_its_estimates_through_plain_r
     monkeypatch.setattr(Scheduler, "_observe_acceptance", observe)
     _probes_of_a_lone_late_request(DEFAULTS)
     assert checked["bounded"] > 100  # the lone request's plain rounds, each checked
+
+
+@pytest.mark.parametrize("bounds", [(), (0.3, 0.2), (0.3, 0.2, 0.1, 0.05, 0.02)])
+def test_aged_weights_are_the_weights_read_again_after_aging(bounds):
+    """``aged_weights`` from the weights read before a plain round equals reading them after it, exactly,
+    for stored depths, unobserved ones, and unobserved ones a bounded start holds at a fixed weight."""
+    estimates = PrefixSurvival(population=PopulationPrior(means=[0.2, 0.1, 0.04], bounds=list(bounds)))
+    estimates.observe((1.0,))  # depth 1 stored; depths 2.. unobserved
+    for tokens in (1, 1, 3, 40, 200, 1):
+        _, before = estimates.means_and_weights(6)
+        estimates.age(tokens)
+        _, after = estimates.means_and_weights(6)
+        assert estimates.aged_weights(before, aging_factor(tokens)) == after
+
+
+def test_a_bounded_weight_follows_the_means_it_was_read_from():
+    """``PopulationPrior.bounded_weight`` is read once per depth, and read again once an observation moves the
+    means (a prior that is observed is never served stale)."""
+    from helios.scheduler.speculation import bounded_weight
+
+    prior = PopulationPrior(means=[0.2, 0.1], bounds=[0.3, 0.2])
+    assert prior.bounded_weight(1) == bounded_weight(0.2, 0.3)
+    prior.observe((0.25,))
+    assert prior.mean(1) != 0.2
+    assert prior.bounded_weight(1) == bounded_weight(prior.mean(1), 0.3)
+    assert prior.bounded_weight(2) == bounded_weight(0.1, 0.2)
