@@ -121,8 +121,17 @@ class CatalogTiming:
         for index in touched:
             timings[index] = self._floored(index)
         self._timings = timings
-        self._durations = None
-        self._prefill = None
+        # what was derived from the old list stands except at the touched programs: durations are per
+        # program, and the prefill times read prefill programs only (each entry as ``durations_ms`` and
+        # ``prefill_times`` would build it: the same floats)
+        durations = self._durations
+        if durations is not None:
+            durations = self._durations = list(durations)
+            for index in touched:
+                ns = timings[index].duration_ns
+                durations[index] = ns / 1e6 if ns > 0 else 0.0
+        if self._prefill is not None and any(self._graphs[i].kind is GraphKind.PREFILL for i in touched):
+            self._prefill = None
         self._normalizer = self._best_rate()
         for shapes in self._families.values():
             shapes.update(touched, timings)

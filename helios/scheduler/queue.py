@@ -26,7 +26,7 @@ Pure bookkeeping: no torch, no clock (time comes in as ``now_ns``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from flare_contract.graphs import GraphDescriptor
@@ -105,6 +105,12 @@ class Frame:
                                     deliveries / duration_ms, deliveries > 0)
         return cls(fence, plan, participants, normalizer, end_ns, queued, frozenset(participants), lanes,
                    decay, terms)
+
+    def ending_at(self, end_ns: int) -> "Frame":
+        """This frame re-anchored to end at ``end_ns`` (``dataclasses.replace`` without its per-call field
+        introspection: every completion behind a queued frame re-anchors it)."""
+        return Frame(self.fence, self.plan, self.participants, self.normalizer, end_ns, self.queued, self.members,
+                     self.lanes_by_handle, self.decay, self.terms)
 
 
 @dataclass(slots=True)
@@ -204,7 +210,7 @@ class FrameQueue:
         for i, frame in enumerate(self._frames):
             anchor += frame.plan.estimated_duration_ns
             if frame.end_ns != anchor:
-                self._frames[i] = replace(frame, end_ns=anchor)
+                self._frames[i] = frame.ending_at(anchor)
         return done
 
     def project(self, states: Sequence) -> Projected:

@@ -37,7 +37,7 @@ from helios.scheduler.select.evaluate import evaluate_scores
 from helios.scheduler.select.leader import select
 from helios.scheduler.select.population import Decoders, Population, Prompters, cumulative_gains
 from helios.scheduler.select.rankings import DecisionRankings
-from helios.scheduler.select.timing import GraphTiming
+from helios.scheduler.select.timing import GraphTiming, durations_ms
 from helios.scheduler.catalog_timing import CatalogTiming
 from helios.scheduler.cost import CostModel
 from helios.scheduler.explore import Decision, Explorer, ProbeSubject, _wins_as_plan
@@ -51,6 +51,7 @@ from helios.scheduler.learning import (
 )
 from helios.scheduler.service import DeliveryFamily, token_normalizer
 from helios.scheduler.speculation import PrefixEstimate, PrefixSurvival
+from helios.scheduler.utility import PrefillTimes
 from helios.scheduler.types import LanePhase, PlannedLane, RequestHandle
 from tests.helios.scheduler.reference import best_probe
 
@@ -324,11 +325,11 @@ def _fresh_scan(graphs, timings, family: DeliveryFamily) -> dict[int, float]:
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 9), st.sampled_from([0, 3, 3, 5, 8])), min_size=1, max_size=30),
+@given(st.lists(st.tuples(st.integers(0, 11), st.sampled_from([0, 3, 3, 5, 8])), min_size=1, max_size=30),
        st.booleans())
 def test_U5_D2_fastest_shapes_follow_every_observation(observations, read_early):
     graphs = [decode(1), decode(4), spec(1, 2), spec(4, 2), spec(4, 3), mixed(2, 64), mixed(4, 64, 2, 1),
-              spec(2, 2, proposal="copy"), spec(4, 4, proposal="copy"), decode(8)]
+              spec(2, 2, proposal="copy"), spec(4, 4, proposal="copy"), decode(8), prefill(64), prefill(256)]
     cost = CostModel(ttl_ns=10**15)
     table = CatalogTiming(graphs, cost)
     families = [DeliveryFamily(None), DeliveryFamily("learned"), DeliveryFamily("copy")]
@@ -345,6 +346,11 @@ def test_U5_D2_fastest_shapes_follow_every_observation(observations, read_early)
         for family in families:
             shapes = table.fastest_shapes(family, timings)
             assert {s.batch_capacity: s.duration_ms for s in shapes} == _fresh_scan(graphs, timings, family)
+        # the durations and prefill times kept beside the list, updated per observation, are a fresh build's
+        assert table.durations_ms(timings) == durations_ms(timings)
+        assert table.prefill_times(timings) == PrefillTimes.of(
+            [(g.prefill_capacity, t.duration_ns / 1e6) for g, t in zip(graphs, timings)
+             if g.kind is GraphKind.PREFILL and t.known])
         measured = token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings) if g.kind in GENERATION_KINDS)
         assert table.normalizer(step) == (measured if measured is not None else
                                       token_normalizer((g, t.duration_ns) for g, t in zip(graphs, timings)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from sched_harness import MS, QUEUE_AHEAD, Driver, ask, decode, measured, prefill, spec
 from test_core_lifecycle import TIMING, commit_next, decoding, prompt_records
@@ -81,6 +83,7 @@ def test_A9_expected_ends_restart_from_each_completion():
     s = measured({P64: 4.0, D2: 3.0}, policy=QUEUE_AHEAD)
     (a, b), fence = decoding(s, 2, max_tokens=40)
     plans = {fence + 1: commit_next(s, fence + 1), fence + 2: commit_next(s, fence + 2)}
+    committed = {frame.fence: frame for frame in s._queue.frames}  # as frozen at commit
     oldest, now = fence + 1, s.now_ns
     for _ in range(10):
         now += 4 * MS
@@ -91,8 +94,11 @@ def test_A9_expected_ends_restart_from_each_completion():
             s.published_output(token.handle, oldest)
         running = s._queue.frames[0]
         assert running.end_ns == now + running.plan.estimated_duration_ns
+        # re-anchoring changes the end and nothing else of the frame (A10's frozen terms included)
+        assert running == dataclasses.replace(committed[running.fence], end_ns=running.end_ns)
         next_fence = max(plans) + 1
         plans[next_fence] = commit_next(s, next_fence)  # queued behind the running frame: no overrun
+        committed[next_fence] = s._queue.frames[-1]
         assert not plans[next_fence].requires_feedback
         oldest += 1
 
