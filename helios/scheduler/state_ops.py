@@ -124,12 +124,13 @@ def best_state_choice(graphs: Sequence[GraphDescriptor], timings: Sequence[Graph
         return None
     following = _following_shapes(graphs, timings)
     sigma = _terminal_sigma(graphs, timings, len(inputs.held))
+    rows: dict = {}  # what each following shape's pairs read whichever state program goes first (_shape_rows)
     best = None
     for graph, timing in zip(graphs, timings):
         if graph.kind is GraphKind.RESTORE and inputs.restores:
-            found = _score_program(graph, timing, inputs.restores, (), inputs, following, sigma)
+            found = _score_program(graph, timing, inputs.restores, (), inputs, following, sigma, rows)
         elif graph.kind is GraphKind.SNAPSHOT and (inputs.snapshots or inputs.held):
-            found = _score_program(graph, timing, inputs.snapshots, inputs.held, inputs, following, sigma)
+            found = _score_program(graph, timing, inputs.snapshots, inputs.held, inputs, following, sigma, rows)
         else:
             continue
         if found is not None and (best is None or found.key() > best.key()):
@@ -203,15 +204,23 @@ def _waiting(inputs: StateInputs) -> Waiting:
 
 
 def _score_program(graph, timing, enabled: Sequence[Enabled], held: Sequence[Held], inputs: StateInputs,
-                   following: Sequence[_Following], sigma: float | None) -> StateChoice | None:
+                   following: Sequence[_Following], sigma: float | None, rows: dict | None = None) -> StateChoice | None:
     t_ms = timing.duration_ns / 1e6
     terminals = _terminal_values(held, inputs, t_ms, sigma)
-    options = [_terminal_only(graph, timing, terminals, inputs)] if terminals else []
+    rows = {} if rows is None else rows
+    best = _terminal_only(graph, timing, terminals, inputs) if terminals else None
+    pending = None  # the best pair so far, built only if nothing later beats it (the first best stands)
     for shape in following:
-        options.append(_pair(graph, timing, enabled, terminals, inputs, shape))
-    options.append(_chain(graph, timing, enabled, terminals, inputs))
-    found = [o for o in options if o is not None]
-    return max(found, key=StateChoice.key, default=None)
+        found = _pair(graph, timing, enabled, terminals, inputs, shape, rows)
+        if found is not None and (best is None or found[0] > best.key()) and (
+                pending is None or found[0] > pending[0]):
+            pending = found
+    if pending is not None and (best is None or pending[0] > best.key()):
+        best = _pair_choice(*pending[1])
+    chain = _chain(graph, timing, enabled, terminals, inputs)
+    if chain is not None and (best is None or chain.key() > best.key()):
+        best = chain
+    return best
 
 
 def _terminal_only(graph, timing, terminals, inputs: StateInputs) -> StateChoice:
@@ -226,8 +235,42 @@ def _terminal_only(graph, timing, terminals, inputs: StateInputs) -> StateChoice
     return StateChoice(graph, timing, lanes, value / t_ms - 0.5 * t_ms * held, True)
 
 
-def _pair(graph, timing, enabled, terminals, inputs: StateInputs, shape: _Following) -> StateChoice | None:
-    """P1/P2 for this program followed by ``shape``: the exact joint cohort, then the first graph's lanes.
+@dataclass(frozen=True, slots=True)
+class _ShapeRows:
+    """What the pairs of one set of enabled rows with one following shape read, whichever state program
+    goes first: the newly ready rows in value order, their values there, and the rows already ready
+    (``best_state_choice`` builds it once per shape instead of once per state program and shape)."""
+
+    prompting: list  # enabled rows without a decode: newly ready prompters, best first
+    decoding: list  # enabled rows that decode once ready, best first
+    newly: list  # prefill: each prompting row's value there; decode and mixed: each decoding row's
+    ready: list  # the already ready rows the following shape's rows may serve instead (``Ready``)
+    lead: float = 0.0  # mixed: the best newly ready prompter's value in the prompt row
+    ready_prompt: float = 0.0  # mixed: the best already ready prompter's
+
+
+def _shape_rows(enabled, inputs: StateInputs, shape: _Following) -> _ShapeRows:
+    times, capacity, pop = inputs.prefill_times, shape.graph.prefill_capacity, inputs.population
+    prompting = sorted((r for r in enabled if not r.decodes),
+                       key=lambda r: (-_row_value(r, capacity, times), r.recency))
+    decoding = sorted((r for r in enabled if r.decodes), key=lambda r: (-r.decode_value, r.recency))
+    if shape.decode_rows == 0:  # prefill
+        return _ShapeRows(prompting, decoding, [_row_value(r, capacity, times) for r in prompting],
+                          _ready_prompters(pop, capacity, times))
+    newly, ready = [r.decode_value for r in decoding], _ready_decoders(pop)
+    if shape.prompt_rows == 0:  # decode
+        return _ShapeRows(prompting, decoding, newly, ready)
+    p = pop.prompters
+    ready_prompt = max((prompt_chunk_value(min(capacity, left), left, price, first, times)
+                        for left, price, first in zip(p.remaining, p.price, p.first_token)), default=0.0)
+    lead = _row_value(prompting[0], capacity, times) if prompting else 0.0
+    return _ShapeRows(prompting, decoding, newly, ready, lead, ready_prompt)
+
+
+def _pair(graph, timing, enabled, terminals, inputs: StateInputs, shape: _Following,
+          rows: dict | None = None) -> tuple[tuple, tuple] | None:
+    """P1/P2 for this program followed by ``shape``: the exact joint cohort's key (``StateChoice.key``) and
+    the arguments of ``_pair_choice``, which builds the first graph's lanes (only the winner's are built).
 
     Prefill rows carry prompts (newly and already ready prompters compete for them); decode rows
     carry decoders. A mixed shape has one prompt row and B - 1 decode rows; its prompt row is a
@@ -236,54 +279,50 @@ def _pair(graph, timing, enabled, terminals, inputs: StateInputs, shape: _Follow
     """
     if not enabled:
         return None
-    times, capacity = inputs.prefill_times, shape.graph.prefill_capacity
-    prompting = sorted((r for r in enabled if not r.decodes),
-                       key=lambda r: (-_row_value(r, capacity, times), r.recency))
-    decoding = sorted((r for r in enabled if r.decodes), key=lambda r: (-r.decode_value, r.recency))
+    key = (id(enabled), shape.graph.id)
+    found = None if rows is None else rows.get(key)
+    if found is None:
+        found = _shape_rows(enabled, inputs, shape)
+        if rows is not None:
+            rows[key] = found
+    prompting, decoding = found.prompting, found.decoding
     first_ms, first_rows = timing.duration_ns / 1e6, graph.batch_capacity
     held, waiting = [Terminal(v) for v, _ in terminals], _waiting(inputs)
-    pop = inputs.population
     cases = []  # (choice, rows the prerequisite serves first)
     if shape.decode_rows == 0:  # prefill
         pair = PairShape(first_ms, first_rows, shape.ms, shape.prompt_rows)
-        newly = [_row_value(r, capacity, times) for r in prompting]
-        choice = best_pair(pair, newly, _ready_prompters(pop, capacity, times), held, waiting)
+        choice = best_pair(pair, found.newly, found.ready, held, waiting)
         cases.append((choice, [], prompting))
     elif shape.prompt_rows == 0:  # decode
         pair = PairShape(first_ms, first_rows, shape.ms, shape.decode_rows)
-        choice = best_pair(pair, [r.decode_value for r in decoding], _ready_decoders(pop), held, waiting)
+        choice = best_pair(pair, found.newly, found.ready, held, waiting)
         cases.append((choice, [], decoding))
     else:
         cases += _mixed_cases(pair_ms=(first_ms, shape.ms), rows=(first_rows, shape.decode_rows),
-                              prompting=prompting, decoding=decoding, inputs=inputs, held=held,
-                              capacity=capacity)
+                              prompting=prompting, decoding=decoding, held=held, waiting=waiting, found=found)
     best = None
     for choice, fixed, newly in cases:
         if choice is None:
             continue
-        found = _pair_choice(graph, timing, choice, fixed + newly[:choice.served], enabled, terminals)
-        if best is None or found.key() > best.key():
-            best = found
+        key = (not choice.known, choice.score)
+        if best is None or key > best[0]:
+            best = (key, (graph, timing, choice, fixed + newly[:choice.served], enabled, terminals))
     return best
 
 
-def _mixed_cases(pair_ms, rows, prompting, decoding, inputs: StateInputs, held, capacity):
+def _mixed_cases(pair_ms, rows, prompting, decoding, held, waiting, found: _ShapeRows):
     """A mixed following graph: its prompt row newly ready (then k >= 0 newly ready decoders), or
     the best ready prompter's, or empty (then k >= 1)."""
     (first_ms, following_ms), (first_rows, decode_rows) = pair_ms, rows
-    times, pop, waiting = inputs.prefill_times, inputs.population, _waiting(inputs)
-    ready, newly = _ready_decoders(pop), [r.decode_value for r in decoding]
+    ready, newly = found.ready, found.newly
     cases = []
     if prompting:
         lead = prompting[0]
         pair = PairShape(first_ms, first_rows - 1, following_ms, decode_rows)
-        choice = best_pair(pair, newly, ready, held, waiting, least=0, fixed=_row_value(lead, capacity, times))
+        choice = best_pair(pair, newly, ready, held, waiting, least=0, fixed=found.lead)
         cases.append((choice, [lead], decoding))
-    p = pop.prompters
-    ready_prompt = max((prompt_chunk_value(min(capacity, left), left, price, first, times)
-                        for left, price, first in zip(p.remaining, p.price, p.first_token)), default=0.0)
     pair = PairShape(first_ms, first_rows, following_ms, decode_rows)
-    cases.append((best_pair(pair, newly, ready, held, waiting, fixed=ready_prompt), [], decoding))
+    cases.append((best_pair(pair, newly, ready, held, waiting, fixed=found.ready_prompt), [], decoding))
     return cases
 
 

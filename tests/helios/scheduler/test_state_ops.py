@@ -4,8 +4,12 @@ extra snapshot cuts (K2) and the snapshot-cost sweep (V4), on a simulated clock.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
+from exhaustive import EXAMPLES
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sched_harness import MS, decode, measured, mixed, prefill
 
 from helios.scheduler import (
@@ -330,3 +334,84 @@ def test_K2_a_prompt_end_snapshot_is_planned_while_no_decode_program_is_measured
     assert kinds(plans)[:3] == [GraphKind.PREFILL, GraphKind.PREFILL, GraphKind.SNAPSHOT]
     assert kinds(plans).count(GraphKind.DECODE) == 2  # the prompt's end gave the first of 3 tokens
     assert not s.is_active(handle) and s.requests() == ()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_P1_P2_P4_a_state_decision_reads_each_shapes_rows_once_and_decides_as_each_program_alone(seed):
+    """``best_state_choice`` builds each following shape's rows once for every state program
+    (``_ShapeRows``) and the lanes of the winning pair only; it must pick what building every option of
+    every state program on its own and taking the first best picks, lanes and score exactly (P1/P2
+    pairs, P4 chains, P6 terminal rows), on random catalogs, timings and rows."""
+    from helios.scheduler.select.population import Decoders, Population, Prompters
+    from helios.scheduler.select.timing import GraphTiming
+    from helios.scheduler.state_ops import (Enabled, Held, StateChoice, StateInputs, _chain, _following_shapes,
+                                            _pair, _pair_choice, _terminal_only, _terminal_sigma,
+                                            _terminal_values, best_state_choice)
+    from helios.scheduler.types import RequestHandle
+    from helios.scheduler.utility import PrefillTimes
+
+    rng = random.Random(seed)
+    graphs = [GraphDescriptor(f"snapshot_b{b}", GraphKind.SNAPSHOT, b) for b in (1, 2, 4)]
+    graphs += [GraphDescriptor(f"restore_b{b}", GraphKind.RESTORE, b) for b in (1, 2)]
+    graphs += [prefill(64), prefill(256), prefill(256, 2), decode(1), decode(2), decode(4), mixed(2, 64),
+               mixed(4, 64)]
+    timings = [GraphTiming(0 if rng.random() < 0.15 else int(rng.uniform(0.3, 9.0) * MS), True) for _ in graphs]
+    # twins: a second program of the same shape and duration (ties between pairs: the first must stand)
+    for twin, of in ((GraphDescriptor("decode_b2_twin", GraphKind.DECODE, 2), 9),
+                     (GraphDescriptor("snapshot_b2_twin", GraphKind.SNAPSHOT, 2), 1)):
+        graphs.append(twin)
+        timings.append(timings[of])
+    slot = iter(range(64))
+
+    def enabled(n):
+        return [Enabled(RequestHandle(next(slot), 1), 0, rng.randint(1, 600), rng.uniform(1, 3), rng.uniform(0, 2),
+                        rng.randint(1, 600), rng.randint(-1, 3), rng.randint(0, 5),
+                        rng.uniform(0.5, 4) if rng.random() < 0.4 else None) for _ in range(n)]
+
+    dec, prm = Decoders(), Prompters(times=PrefillTimes.of([(64, 1.5), (256, 4.0)]) if rng.random() < 0.7 else None)
+    for _ in range(rng.randint(0, 4)):
+        dec.handle.append(RequestHandle(next(slot), 1))
+        dec.token_price.append(rng.uniform(0.5, 3))
+        dec.delivery_price.append(rng.uniform(0, 1))
+        dec.age_credit.append(rng.uniform(0, 2))
+        dec.age_slope.append(rng.uniform(0, 0.3))
+        dec.room.append(rng.choice([0, 1, 20]))
+        dec.survival.append({})
+        dec.recency.append(rng.randint(0, 5))
+    for _ in range(rng.randint(0, 3)):
+        prm.handle.append(RequestHandle(next(slot), 1))
+        left = rng.randint(1, 700)
+        prm.start.append(0)
+        prm.remaining.append(left)
+        prm.to_endpoint.append(left)
+        prm.price.append(rng.uniform(1, 3))
+        prm.first_token.append(rng.uniform(0, 2))
+        prm.recency.append(rng.randint(0, 5))
+    held = [Held(RequestHandle(next(slot), 1), rng.uniform(0, 20), rng.randint(1, 500), rng.randint(0, 5))
+            for _ in range(rng.choice([0, 0, 1, 2]))]
+    inputs = StateInputs(enabled(rng.randint(0, 3)), enabled(rng.randint(0, 3)), held,
+                         Population(dec, prm, rng.uniform(0, 1)), rng.uniform(0, 1), rng.uniform(0, 3),
+                         rng.uniform(0, 0.2), prm.times)
+    following, sigma = _following_shapes(graphs, timings), _terminal_sigma(graphs, timings, len(held))
+
+    def every_option(graph, timing, enabled, holding):
+        terminals = _terminal_values(holding, inputs, timing.duration_ns / 1e6, sigma)
+        options = [_terminal_only(graph, timing, terminals, inputs)] if terminals else []
+        for shape in following:  # each pair's rows read afresh, its lanes built
+            pair = _pair(graph, timing, enabled, terminals, inputs, shape)
+            options.append(None if pair is None else _pair_choice(*pair[1]))
+        options.append(_chain(graph, timing, enabled, terminals, inputs))
+        return max([o for o in options if o is not None], key=StateChoice.key, default=None)
+
+    alone = None
+    for graph, timing in zip(graphs, timings):
+        if graph.kind is GraphKind.RESTORE and inputs.restores:
+            found = every_option(graph, timing, inputs.restores, ())
+        elif graph.kind is GraphKind.SNAPSHOT and (inputs.snapshots or inputs.held):
+            found = every_option(graph, timing, inputs.snapshots, inputs.held)
+        else:
+            continue
+        if found is not None and (alone is None or found.key() > alone.key()):
+            alone = found
+    assert best_state_choice(graphs, timings, inputs) == alone
