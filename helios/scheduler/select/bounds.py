@@ -216,7 +216,7 @@ def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top
         padded_by = group.padded_by or (0,) * len(group.batches)
         for (index, batch), padded in zip(group.batches, padded_by):
             if padded >= n or ragged_padded_by and ragged_padded_by[index] >= n and (
-                    n * group.width <= infos[index].capacities[2]):
+                    n * group.width <= infos[index].capacities[2]) and not infos[index].prefix_limit:
                 continue  # padding U12 prunes (``score_rectangular``, ``_score_one_by_one``), measured or not
             t = durations[index]
             if t <= 0.0:

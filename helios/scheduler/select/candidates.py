@@ -335,7 +335,11 @@ def _score_one_by_one(sel: DecisionRankings, group: Group, graphs: Sequence[Grap
 
     A ragged program whose rows all fit serves all n decoders where a rectangular program of its ranking
     with batch >= n serves them too: U12 prunes it (``CatalogInfo.ragged_padded_by``), so it is not written.
-    Unmeasured, such a program would otherwise send every low-concurrency decision down the general path.
+    So is a prefix-limit program whose rows cannot bind (n lanes of at most its logical width each fit its
+    P): where every lane adds value (``Population.positive``), its cohort search takes all n at their full
+    ceilings (``utility.best_adaptive_cohort``), the rectangular program's work. Unmeasured, such programs
+    would otherwise send every low-concurrency decision down the general path (a never-run prefix-limit
+    program of batch eight at four streams, in a third of a speculating server's decisions).
     """
     padded_by = sel.infos.ragged_padded_by
     for index in group.members:
@@ -343,9 +347,31 @@ def _score_one_by_one(sel: DecisionRankings, group: Group, graphs: Sequence[Grap
         found = CANDIDATES[graph.kind](sel, index, graph, timings[index])
         if found is None:
             continue
-        if padded_by and padded_by[index] and type(found) is tuple and padded_by[index] >= found[2].size:
-            continue  # found[2]: the ranking whose best min(B, n) lanes it serves, all n of them here
+        if padded_by and padded_by[index]:
+            if type(found) is tuple:
+                if padded_by[index] >= found[2].size:
+                    continue  # found[2]: the ranking whose best min(B, n) lanes it serves, all n of them here
+            elif _prefix_limit_padding(sel, index):
+                continue
         out.entries[index] = found
+
+
+def _prefix_limit_padding(sel: DecisionRankings, index: int) -> bool:
+    """Whether U12 prunes prefix-limit program ``index`` whatever its cohort search finds: a rectangular
+    program of its ranking with batch >= n (``CatalogInfo.ragged_padded_by``) serves the same n lanes at
+    the same query lengths. That holds where every lane adds value (``Population.positive``: with its rows
+    unable to bind, the search takes all n; they cannot, since that dominator's B x W rows, at least n x W,
+    are no more than its P) and each lane's ceiling is its rectangular query length min(W, room) (its
+    survival reaches that deep: a lane with fewer known depths gets a shorter ceiling, and a prefix-limit
+    program serving it is other work)."""
+    info = sel.infos[index]
+    if not (info.prefix_limit and sel.pop.positive):
+        return False
+    r = sel.decode_ranking(info.source, info.width)  # built by the candidate already
+    if sel.infos.ragged_padded_by[index] < r.size:
+        return False
+    d, source, width = sel.pop.decoders, info.source, info.width
+    return all(len(d.survival[i][source]) >= min(width, d.room[i]) - 1 for i in r.members)
 
 
 SCORERS = {  # how each kind of group scores its members into an ``Out``

@@ -126,9 +126,9 @@ class CatalogInfo:
     eager_plain: tuple[Group, ...] = ()
     eager_speculative: tuple[Group, ...] = ()
     speculation_bounded: bool = False
-    # per graph, for ragged (query-length) programs: the largest batch capacity of a rectangular program of
-    # the same source, logical width, kind and depth that prunes it as padding where both serve all n
-    # decoders (``candidates._score_one_by_one``); 0 for every other graph
+    # per graph, for ragged (query-length) and prefix-limit programs: the largest batch capacity of a
+    # rectangular program of the same source, logical width, kind and depth that prunes it as padding where
+    # both serve all n decoders at full width (``candidates._score_one_by_one``); 0 for every other graph
     ragged_padded_by: tuple[int, ...] = ()
     per_durations: PerDurations = field(default_factory=PerDurations, compare=False, repr=False)
 
@@ -196,11 +196,13 @@ def _ragged_padding(graphs: Sequence[GraphDescriptor], infos: Sequence[GraphInfo
                     same_depth: Sequence[tuple[int, ...]], group_of: Sequence[Group | None]) -> tuple[int, ...]:
     """``CatalogInfo.ragged_padded_by``: a ragged program whose row budget does not bind serves the best
     min(B, n) decoders of its (source, logical width) ranking, the cohort the rectangular programs of that
-    ranking serve, so a dominating rectangular one of batch >= n does its work in a smaller shape (U12)."""
+    ranking serve, so a dominating rectangular one of batch >= n does its work in a smaller shape (U12).
+    A prefix-limit program whose rows do not bind takes every lane of that ranking at its full ceiling
+    where every lane adds value (a vouched positive population), the same logical work again."""
     found = []
     for index, (graph, info) in enumerate(zip(graphs, infos)):
         batch = 0
-        if graph.ragged and not info.prefix_limit:
+        if graph.ragged or info.prefix_limit:
             batch = max((graphs[j].batch_capacity for j in same_depth[index]
                          if (group := group_of[j]) is not None and group.kind is GroupKind.RECTANGULAR
                          and (group.source, group.width) == (info.source, info.width)), default=0)

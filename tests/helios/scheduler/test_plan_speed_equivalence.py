@@ -568,7 +568,8 @@ def test_U9_U12_skipped_wider_widths_decide_what_scoring_every_width_decides(see
     ties (U8) and padding pruning (U12): the reference scores every group eagerly."""
     graphs, timings, population = _bounded_case(random.Random(seed))
     described = describe(graphs)
-    everything = dataclasses.replace(described, eager=described.groups, bounded=(), speculation_bounded=False)
+    everything = dataclasses.replace(described, eager=described.groups, bounded=(), speculation_bounded=False,
+                                     ragged_padded_by=())  # no padding read off the catalog: built and pruned
     fast = select(graphs, timings, population, described)
     plain = select(graphs, timings, population, everything)
     assert (fast is None) == (plain is None)
@@ -603,7 +604,8 @@ def test_U9_U12_skipped_ragged_programs_decide_what_scoring_them_decides(seed):
         dec.recency.append(rng.randint(0, 3))
     population = Population(dec, Prompters(), slope * len(dec) * rng.choice([0.0, 1.0]), rng.choice([1.0, 0.5]))
     described = describe(graphs)
-    everything = dataclasses.replace(described, eager=described.groups, bounded=(), speculation_bounded=False)
+    everything = dataclasses.replace(described, eager=described.groups, bounded=(), speculation_bounded=False,
+                                     ragged_padded_by=())  # no padding read off the catalog: built and pruned
     fast, plain = select(graphs, timings, population, described), select(graphs, timings, population, everything)
     assert (fast is None) == (plain is None)
     if fast is not None:
@@ -727,6 +729,46 @@ def test_U12_a_narrower_width_still_prunes_a_faster_wider_program_doing_its_work
     assert choice.graph is graphs[0] and choice.score == pytest.approx(1.0)
 
 
+@settings(max_examples=EXAMPLES * 4, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_U12_U8_padded_ragged_and_prefix_limit_programs_left_unscored_decide_nothing(seed):
+    """Ragged and prefix-limit programs that ``CatalogInfo.ragged_padded_by`` leaves unwritten (rows that
+    cannot bind, a rectangular program of their ranking with batch >= n) decide nothing: selection picks
+    what scoring every program eagerly and pruning only by building each candidate (U12) picks, measured
+    or never run (U8), at prices every lane adds value at (the population the core vouches for)."""
+    rng = random.Random(seed)
+    pl, pool = ValueSource.PREFIX_LIMIT, [decode(1), decode(2), decode(4), decode(8)]
+    pool += [spec(b, w) for b in (1, 2, 4, 8) for w in (2, 3, 4)]
+    pool += [spec(8, 4, depth=3, aggregate=16, source=pl), spec(4, 4, depth=3, aggregate=8, source=pl),
+             spec(8, 3, depth=2, aggregate=12, source=pl), spec(8, 4, depth=3, aggregate=16),
+             spec(4, 3, depth=2, aggregate=6), spec(16, 2, aggregate=24)]
+    graphs = rng.sample(pool, rng.randint(2, len(pool)))
+    timings = [GraphTiming(0 if rng.random() < 0.3 else int(rng.randint(2, 24) * 0.5 * MS), True) for _ in graphs]
+    dec, slope = Decoders(), rng.choice([0.0, 0.05])
+    positive = rng.random() < 0.7  # else some lanes are worth nothing, and the population is not vouched for
+    for slot in range(rng.randint(1, 10)):
+        survival = tuple(sorted((rng.choice([1.0, 0.0, rng.random()]) for _ in range(rng.randint(1, 4))),
+                                reverse=True))
+        free = not positive and rng.random() < 0.5
+        dec.handle.append(RequestHandle(slot, slot + 1))
+        dec.token_price.append(0.0 if free else rng.choice([1.0, rng.uniform(0.1, 4)]))
+        dec.delivery_price.append(0.0 if free else rng.choice([0.0, rng.uniform(0, 2)]))
+        dec.age_credit.append(0.0 if free else rng.uniform(0, 1))
+        dec.age_slope.append(slope)
+        dec.room.append(rng.choice([1, 2, 3, 10_000]))
+        dec.survival.append({"learned": survival} if rng.random() < 0.9 else {})
+        dec.recency.append(rng.randint(0, 3))
+    population = Population(dec, Prompters(), slope * len(dec), rng.choice([1.0, 0.5]), positive=positive)
+    described = describe(graphs)
+    everything = dataclasses.replace(described, eager=described.groups, bounded=(), speculation_bounded=False,
+                                     ragged_padded_by=())
+    fast, plain = select(graphs, timings, population, described), select(graphs, timings, population, everything)
+    assert (fast is None) == (plain is None)
+    if fast is not None:
+        assert (fast.graph, fast.lanes, fast.score, fast.log_scale) == \
+            (plain.graph, plain.lanes, plain.score, plain.log_scale)
+
+
 @pytest.mark.parametrize("decoders, winner, general", [(1, "decode_b1", False), (3, "decode_b4", False),
                                                       (5, "decode_b8", True)])
 def test_U12_U8_unmeasured_padded_programs_take_no_decision_off_the_flat_path(monkeypatch, decoders, winner,
@@ -784,6 +826,31 @@ def test_U8_an_unmeasured_ragged_program_serving_more_decoders_than_any_smaller_
     population = Population(_unit_decoders(5, {"learned": (0.5,)}), Prompters(), 0.0, 1.0)
     choice = select(graphs, timings, population)
     assert choice.graph is graphs[2] and len(choice.lanes) == 5
+
+
+@pytest.mark.parametrize("known_depths, winner, general", [(3, "decode_b4", False),
+                                                           (1, "spec_b8_w4_d3_p16_prefix_limit", True)])
+def test_U12_U8_a_never_run_prefix_limit_program_is_padding_only_where_its_ceilings_are_the_widths(
+        monkeypatch, known_depths, winner, general):
+    """Three decoders beside a never-run prefix-limit program of batch eight and a measured rectangular one
+    of batch four at the same width. Where each lane's survival reaches depth three, the prefix-limit
+    program's ceilings are the width, the rectangular program does its work in a smaller shape (U12),
+    and plain decode wins, read from the flat scores (at four streams a speculating server met such a
+    program in a third of its decisions). Where the lanes know one depth only, their ceilings are two:
+    other work, never measured, so it is explored (U8), bound or no bound (the width-one bound must not
+    skip it)."""
+    from helios.scheduler.select import leader
+
+    graphs = [decode(1), decode(4), spec(4, 4), spec(8, 4, depth=3, aggregate=16, source=ValueSource.PREFIX_LIMIT)]
+    timings = [GraphTiming(2 * MS, True), GraphTiming(3 * MS, True), GraphTiming(30 * MS, True), GraphTiming(0, False)]
+    decoders = _unit_decoders(3, {"learned": (0.05,) * known_depths})
+    population = Population(decoders, Prompters(), 0.0, 1.0, ordered=True, uniform_slope=True, positive=True)
+    assert describe(graphs).speculation_bounded
+    took = []
+    real = leader._general
+    monkeypatch.setattr(leader, "_general", lambda *a: took.append(True) or real(*a))
+    choice = select(graphs, timings, population)
+    assert choice.graph.id == winner and len(choice.lanes) == 3 and bool(took) == general
 
 
 def test_U12_a_ragged_entry_below_the_flat_leader_still_prunes_it_as_padding():
