@@ -355,8 +355,11 @@ class HeliosEngine:
         self.executor = Executor(state, program_for or catalog.program, self._eos, config.device)
         self.checkpoints.row_bytes = _checkpoint_row_bytes(state, self.checkpoints.rows)
         self._store_shape = StoreShape.of(state)
-        self._events: queue.Queue = queue.Queue()
-        self._work: queue.Queue = queue.Queue()
+        # the two hand-offs every frame crosses twice (control -> worker, worker -> control): the C queue,
+        # whose put and blocking get take one lock, where queue.Queue's take a Condition and its Python
+        # locks (docs/runtime.md, "Threads")
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: WaitingLine[Live] = WaitingLine(config.max_waiting, config.queue_timeout_s)
         self._by_slot: dict[int, Live] = {}
         self._by_id: dict[str, Live] = {}

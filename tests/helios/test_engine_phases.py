@@ -471,8 +471,13 @@ def test_a_steps_deliveries_wake_the_event_loop_after_it_submitted_the_next_fram
     """The loop's turn (HTTP writes in a server) must overlap the next frame's program, not delay its start."""
     engine = make_engine(catalog, eager)
     log = []
-    work_put = engine._work.put
-    engine._work.put = lambda item: (item is not None and log.append("submit")) or work_put(item)  # None: stop
+    work = engine._work
+
+    class Recorded:  # the worker's queue, logging each frame handed to it (None: stop)
+        put = staticmethod(lambda item: (item is not None and log.append("submit")) or work.put(item))
+        get = staticmethod(work.get)
+
+    engine._work = Recorded()
     wake_listeners, step = engine._wake_listeners, engine._step
     engine._wake_listeners = lambda: log.append("wake" if engine._due else "idle") or wake_listeners()
     engine._step = lambda batch: log.append("step") or step(batch)
