@@ -1,7 +1,7 @@
 """Where a frame's time goes at batch 1: the program against the engine's Python work around it.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/host_loop.py CATALOG [--threads 1] [--tokens 64]
-        [--requests 8] [--speculation off] [--frame-slots 2] [--switch-interval-ms MS] [--cpu]
+        [--requests 8] [--speculation off] [--frame-slots 2] [--switch-interval-ms MS] [--cpu | --totals]
 
 Runs ``--requests`` greedy requests one after another (batch 1, no HTTP)
 through ``HeliosEngine`` on a captured catalog (``compile: aoti`` catalogs are
@@ -24,6 +24,13 @@ control thread's and the device worker's own work, not estimates:
 
 SSE writes happen in the HTTP server's event loop, outside the engine; they are
 not in these figures.
+
+``--totals`` leaves the per-part timers out (each timed call costs a few
+microseconds of its own, counted in its part): it reads the engine's own
+control-step time (``frame_counters().host_ns``) and program time
+(``device_ns``), times only ``Executor.run`` for the worker's work around the
+call, and gives the control thread's CPU time per frame beside them (the
+whole thread: its waits for events cost CPU too).
 """
 
 from __future__ import annotations
@@ -121,6 +128,29 @@ def _report(host_ns: int, frames: int, produced: int, seconds: float) -> None:
     print(line)
 
 
+def _thread_clocks() -> dict[str, int]:
+    """The control thread's CPU clock (``time.pthread_getcpuclockid``), by thread name."""
+    import threading
+
+    return {t.name: time.pthread_getcpuclockid(t.ident) for t in threading.enumerate() if t.name == "helios-control"}
+
+
+def _report_totals(before, after, clocks: dict[str, int], cpu_before: dict[str, int], produced: int,
+                   seconds: float) -> None:
+    frames = after.frames - before.frames
+    program, control = after.device_ns - before.device_ns, after.host_ns - before.host_ns
+    around = TOTALS["executor.run"] - program
+    cpu = {name: time.clock_gettime_ns(clock) - cpu_before[name] for name, clock in clocks.items()}
+    print(f"{frames} frames, {produced} tokens in {seconds:.2f} s ({produced / seconds:.1f} tok/s); "
+          f"program {program / 1e6 / frames:.3f} ms/frame; {(after.plans - before.plans) / frames:.2f} plans/frame")
+    for label, ns in (("control steps (wall)", control), ("executor around the call (wall)", around),
+                      ("host total (wall)", control + around)):
+        print(f"  {label:34s} {ns / 1e3 / frames:8.1f} us/frame  {100 * ns / program:5.1f}% of program")
+    if "helios-control" in cpu:
+        ns = cpu["helios-control"]
+        print(f"  {'control thread, CPU':34s} {ns / 1e3 / frames:8.1f} us/frame  {100 * ns / program:5.1f}% of program")
+
+
 async def _run(args) -> None:
     catalog = load(args.catalog, trust=True)
     switch = {} if args.switch_interval_ms is None else {"switch_interval_s": args.switch_interval_ms / 1e3}
@@ -133,6 +163,8 @@ async def _run(args) -> None:
         TOTALS.clear()
         CPU.clear()
         COUNTS.clear()
+        clocks = _thread_clocks()
+        cpu_before = {name: time.clock_gettime_ns(clock) for name, clock in clocks.items()}
         before = engine.frame_counters()
         began = time.perf_counter()
         produced = 0
@@ -140,9 +172,12 @@ async def _run(args) -> None:
             produced += await _request(engine, str(i), args.tokens)
         seconds = time.perf_counter() - began
         after = engine.frame_counters()
+        if args.totals:
+            _report_totals(before, after, clocks, cpu_before, produced, seconds)
     finally:
         await engine.stop()
-    _report(after.host_ns - before.host_ns, after.frames - before.frames, produced, seconds)
+    if not args.totals:
+        _report(after.host_ns - before.host_ns, after.frames - before.frames, produced, seconds)
 
 
 def main() -> None:
@@ -159,9 +194,16 @@ def main() -> None:
                         help="the engine's GIL switch interval (EngineConfig.switch_interval_s; default its own)")
     parser.add_argument("--cpu", action="store_true", help="also give each part's thread CPU time (beside the "
                                                             "wall time: the difference is waiting for a core or the GIL)")
+    parser.add_argument("--totals", action="store_true", help="no per-part timers: the engine's own counters, "
+                                                               "Executor.run and each thread's CPU time")
     args = parser.parse_args()
+    if args.totals and (args.cpu or args.profile):
+        parser.error("--totals leaves the per-part timers out: it takes neither --cpu nor --profile")
     CLOCKS["cpu"] = args.cpu
-    _instrument()
+    if args.totals:
+        _timed(Executor, "run", "executor.run")
+    else:
+        _instrument()
     for label in filter(None, args.profile.split(",")):
         PROFILED[label] = cProfile.Profile()
     asyncio.run(_run(args))

@@ -123,6 +123,7 @@ async def _run(args) -> None:
         print(f"{c.label}: calls by program (warm-up included): "
               + ", ".join(f"{p}={n}" for p, n in sorted(c.calls.counts.items())))
         print(f"{c.label}: {_width_one_estimates(c.engine)}")
+        print(f"{c.label}: {_state_estimates(c.engine)}")
 
 
 def _frames(engine: HeliosEngine) -> dict:
@@ -158,6 +159,15 @@ def _width_one_estimates(engine: HeliosEngine) -> str:
                 and not g.draws_proposals]
         out.append(" / ".join(f"{p} {ms[p] / 1e6:.2f} ms" if p in ms else f"{p} unmeasured" for p in pair))
     return "width-one estimates: " + "; ".join(out)
+
+
+def _state_estimates(engine: HeliosEngine) -> str:
+    """The duration estimates of the snapshot and restore programs at the end (terminal snapshots run
+    beside every stream count's serve, so their choice moves each serve's time too)."""
+    ms = engine.learned_durations()
+    out = [f"{g.id} {ms[g.id] / 1e6:.2f} ms" if g.id in ms else f"{g.id} unmeasured"
+           for g in engine.scheduler.graphs if g.kind.value in ("snapshot", "restore")]
+    return "state-program estimates: " + "; ".join(out)
 
 
 def main() -> None:
