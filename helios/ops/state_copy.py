@@ -46,34 +46,72 @@ def _active(tokens: torch.Tensor) -> list[tuple[int, int]]:
 
 def copy_kv_positions(dst_k: torch.Tensor, dst_v: torch.Tensor, src_k: torch.Tensor, src_v: torch.Tensor,
                       dst_pages: torch.Tensor, src_pages: torch.Tensor, tokens: torch.Tensor) -> None:
-    """Caches are ``[layers, pages, page_size, heads, head_dim]``; page lists ``[B, max_pages]``."""
-    page_size = src_k.shape[2]
-    for b, count in _active(tokens):
+    """Caches are ``[layers, pages, page_size, heads, head_dim]``; page lists ``[B, max_pages]``.
+
+    Every active row is checked before anything is written; the whole pages of all rows then move in one
+    indexed copy per cache (rows write disjoint pages: where two name one destination page, row by row, in
+    row order, as the last writer wins), and each partial last page in one slice copy. The page lists are
+    read as Python integers once: a state program copies a few rows, and each small tensor operation it
+    replaces was a dispatch of its own.
+    """
+    active = _active(tokens)
+    if not active:
+        return
+    page_size, max_pages = src_k.shape[2], src_pages.shape[1]
+    source_rows, target_rows = src_pages.tolist(), dst_pages.tolist()
+    whole_from, whole_to, partial = [], [], []  # pages copied whole; (from, to, positions) of partial pages
+    for b, count in active:
         full, rest = divmod(count, page_size)
         blocks = full + (1 if rest else 0)
-        if blocks > src_pages.shape[1]:
-            raise ValueError(f"row {b}: {count} positions exceed {src_pages.shape[1]} pages of {page_size}")
-        source, target = src_pages[b, :blocks].long(), dst_pages[b, :blocks].long()
-        if bool((source < 0).any()) or bool((target < 0).any()):
+        if blocks > max_pages:
+            raise ValueError(f"row {b}: {count} positions exceed {max_pages} pages of {page_size}")
+        source, target = source_rows[b][:blocks], target_rows[b][:blocks]
+        if min(source) < 0 or min(target) < 0:
             raise ValueError(f"row {b}: a page of positions 0..{count - 1} is missing (-1) in the "
                              "source or destination page list; reserve every page before a state copy")
+        whole_from += source[:full]
+        whole_to += target[:full]
+        if rest:
+            partial.append((source[full], target[full], rest))
+    if len(set(whole_to) | {t for _, t, _ in partial}) < len(whole_to) + len(partial):
+        _copy_row_by_row(dst_k, dst_v, src_k, src_v, whole_from, whole_to, partial, active, page_size)
+        return
+    if whole_to:
+        frm, to = torch.tensor(whole_from, dtype=torch.long), torch.tensor(whole_to, dtype=torch.long)
         for dst, src in ((dst_k, src_k), (dst_v, src_v)):
-            if full:
-                dst[:, target[:full]] = src[:, source[:full]]
-            if rest:
-                dst[:, target[full], :rest] = src[:, source[full], :rest]
+            dst[:, to] = src[:, frm]
+    for frm, to, rest in partial:
+        for dst, src in ((dst_k, src_k), (dst_v, src_v)):
+            dst[:, to, :rest] = src[:, frm, :rest]
+
+
+def _copy_row_by_row(dst_k, dst_v, src_k, src_v, whole_from, whole_to, partial, active, page_size) -> None:
+    """Rows whose destination pages meet: each row's pages in row order (whole pages, then its partial one)."""
+    partial_of = iter(partial)
+    done = 0
+    for _, count in active:
+        full, rest = divmod(count, page_size)
+        copies = [(whole_from[done + i], whole_to[done + i], page_size) for i in range(full)]
+        done += full
+        if rest:
+            copies.append(next(partial_of))
+        for frm, to, n in copies:
+            for dst, src in ((dst_k, src_k), (dst_v, src_v)):
+                dst[:, to, :n] = src[:, frm, :n]
 
 
 def _indices(dst: torch.Tensor, src: torch.Tensor, dst_index: torch.Tensor, src_index: torch.Tensor,
              tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The active rows' destination and source indices, checked (read as Python integers once)."""
     rows = [b for b, _ in _active(tokens)]
-    to, frm = dst_index[rows].long(), src_index[rows].long()
+    to_all, frm_all = dst_index.tolist(), src_index.tolist()
+    to, frm = [int(to_all[b]) for b in rows], [int(frm_all[b]) for b in rows]
     for name, index, size in (("destination", to, dst.shape[0]), ("source", frm, src.shape[0])):
-        if index.numel() and not (0 <= int(index.min()) and int(index.max()) < size):
-            raise ValueError(f"{name} rows {index.tolist()} outside 0..{size - 1}")
-    if to.unique().numel() != to.numel():
-        raise ValueError(f"active rows share a destination ({to.tolist()}): each appears in at most one row")
-    return to, frm, rows
+        if index and not (0 <= min(index) and max(index) < size):
+            raise ValueError(f"{name} rows {index} outside 0..{size - 1}")
+    if len(set(to)) != len(to):
+        raise ValueError(f"active rows share a destination ({to}): each appears in at most one row")
+    return torch.tensor(to, dtype=torch.long), torch.tensor(frm, dtype=torch.long), rows
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor, dst_index: torch.Tensor, src_index: torch.Tensor,
@@ -88,11 +126,12 @@ def copy_lengths(dst: torch.Tensor, src: torch.Tensor, dst_index: torch.Tensor, 
     to, frm, rows = _indices(dst, src, dst_index, src_index, tokens)
     if not to.numel():
         return
-    expected = tokens[rows].to(src.dtype)
-    if not torch.equal(src[frm], expected):
-        raise ValueError(f"committed lengths {src[frm].tolist()} differ from the copied positions "
-                         f"{expected.tolist()}: a state copy takes a slot's whole committed state")
-    dst.index_put_((to,), expected.to(dst.dtype))
+    committed, counts = src[frm].tolist(), tokens.tolist()
+    expected = [counts[b] for b in rows]
+    if committed != expected:
+        raise ValueError(f"committed lengths {committed} differ from the copied positions "
+                         f"{expected}: a state copy takes a slot's whole committed state")
+    dst.index_put_((to,), torch.tensor(expected, dtype=dst.dtype))
 
 
 def zero_rows(dst: torch.Tensor, index: torch.Tensor, active: torch.Tensor) -> None:
