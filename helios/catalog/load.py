@@ -94,6 +94,10 @@ class CatalogProgram:
         self._weights = weights
         self._state_names = state_names
         self._flat: _FlatCall | bool | None = None  # an AOTInductor package's direct call, built on first use
+        self._checked = False  # whether an exported module's first call has checked its inputs (see __call__)
+        # (name, shape, dtype) of every input a caller passes: ``bind`` checks them on every call
+        self._shapes = tuple((a.name, tuple(a.shape), getattr(torch, a.dtype, None))
+                             for a in entry.inputs if a.weights is None)
 
     def bind(self, named: Mapping[str, Any]) -> tuple[Any, ...]:
         """Positional arguments in the program's recorded input order."""
@@ -101,6 +105,11 @@ class CatalogProgram:
         unknown = sorted(set(named) - set(expected) - self._state_names)
         if unknown:
             raise CatalogError(f"program {self.entry.id}: unknown inputs {unknown}; it takes {expected}")
+        for name, shape, dtype in self._shapes:
+            value = named.get(name)
+            if value is not None and (tuple(value.shape) != shape or value.dtype != dtype):
+                raise CatalogError(f"program {self.entry.id}: input {name} is {list(value.shape)} {value.dtype}, "
+                                   f"but the manifest records {list(shape)} {dtype}")
         return tuple(self._argument(spec, named) for spec in self.entry.inputs)
 
     def _argument(self, spec: ArgSpec, named: Mapping[str, Any]) -> Any:
@@ -118,8 +127,24 @@ class CatalogProgram:
         result = flat(named) if flat else None
         if result is None:
             result = self.module(*self.bind(named))
+            if not self._checked:
+                self._stop_checking()
         values = result if isinstance(result, (tuple, list)) else (result,)
         return {spec.name: value for spec, value in zip(self.entry.outputs, values, strict=True)}
+
+
+    def _stop_checking(self) -> None:
+        """After its first call, an exported module no longer checks its inputs against the export's shapes.
+
+        ``torch.export``'s unlifted module flattens and checks every input on every call (a forward pre-hook,
+        about 0.2 ms of Python, most of a state program's own time at one row). The first call, the engine's
+        warm-up with the manifest's shapes, is checked, so a program whose export disagrees with its manifest
+        fails there with torch's message; from then on ``bind`` checks every passed input against the
+        manifest (a few microseconds), which the export was found to agree with.
+        """
+        self._checked = True
+        if getattr(self.module, "validate_inputs", None) is True:
+            self.module.validate_inputs = False
 
 
 class _FlatCall:

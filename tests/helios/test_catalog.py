@@ -193,6 +193,24 @@ def test_programs_materialize_once_and_bind_by_name(catalog_dir):
         catalog.program("decode_b8")
 
 
+def test_an_exported_program_checks_its_first_call_fully_and_every_call_against_the_manifest(catalog_dir):
+    """torch.export's per-call input check (a Python pre-hook, most of a state program's time) runs on the first
+    call only; from then on ``bind`` compares every passed input with the manifest, on every call."""
+    catalog = load(catalog_dir)
+    program = catalog.program("decode_b1")
+    state = catalog.allocate_state()
+    good = stand_in_inputs(program.entry.descriptor)
+    assert program.module.validate_inputs is True
+    program(**good, **state)
+    assert program.module.validate_inputs is False  # the first call checked the export against these shapes
+    name, value = next((n, v) for n, v in good.items() if v.dim() > 0)
+    for wrong in (torch.zeros((value.shape[0] + 1, *value.shape[1:]), dtype=value.dtype),
+                  torch.zeros(value.shape, dtype=torch.float64 if value.dtype != torch.float64 else torch.float32)):
+        with pytest.raises(CatalogError, match=f"decode_b1: input {name} is .* but the manifest records"):
+            program(**{**good, name: wrong}, **state)
+    program(**good, **state)  # a refused call changed nothing: the program still runs
+
+
 def test_state_spec_allocates_the_recorded_state(catalog_dir):
     state = load(catalog_dir).allocate_state()
     assert set(state) == {"pending", "seq_lens", "cache"}
