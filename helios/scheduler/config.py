@@ -14,7 +14,7 @@ CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_de
                  "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
                  "prompts_beside_decoders", "prompts_by_due", "extrapolate_unobserved_depths",
                  "probes_win_as_plans", "acceptance_from_population", "population_gate_by_evidence",
-                 "population_bounds_probes")
+                 "population_bounds_probes", "prefill_fills_second_slot")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -103,6 +103,13 @@ class PolicyConfig:
     # bound on the copied mean is capped there (0: S9's bound at S8's weight 2, +0.87 on the population's
     # mean; docs/scheduling-utility.md, "Departures from the spec")
     population_bounds_probes: int = 1
+    # 1: where completed frames have shown host time to hide (as ``queue_ahead_by_host_time`` measures it), an
+    # ordinary prefill plan (measured and fresh, prompt rows only, not scored) does not drain the window: it
+    # may fill A7's second slot behind a running frame, and an ordinary decode plan may be queued behind it.
+    # Its prompters are in no population until it completes, so a finishing prompt's decoder still joins the
+    # first plan made after its completion (0: A7's text, prefill drains the window; docs/scheduling-utility.md,
+    # "Departures from the spec")
+    prefill_fills_second_slot: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

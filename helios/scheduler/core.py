@@ -558,12 +558,16 @@ class Scheduler:
         log_scale = choice.log_scale  # the decision's common scaling (U7), kept for a funded replacement
         decision = Decision(choice, timings, population, self.now_ns)
         reason, feedback = choice.reason, choice.requires_feedback
+        if feedback and self._prefill_may_queue(choice):
+            feedback = False
         if self._queue:
             # A8: behind queued work, a funded plan would wait for the empty window
             # like any plan needing feedback, so only whether one is due matters;
             # when none is, ``fund`` would fund nothing either, so it is not asked
             if feedback or self.selector.would_fund(decision, self.exploration, self._probe_subject):
                 return None
+            if not self._queue.follows_last(choice):
+                return None  # a decision behind a queued prefill is made at its completion, unless a prefill
         else:
             funded = self.selector.fund(decision, self.exploration, self._probe_subject)
             if funded is not None:
@@ -594,6 +598,23 @@ class Scheduler:
         if not self.policy.queue_ahead_by_host_time or self._exposed_host_ns is None:
             return True
         return self._exposed_host_ns > 0.0
+
+    def _prefill_may_queue(self, choice) -> bool:
+        """``PolicyConfig.prefill_fills_second_slot``: an ordinary prefill plan that needs no feedback but A7's.
+
+        A7 drains the window around every prefill. Where completed frames show host time (the engine's
+        completion, planning and binding between two programs), each prefill then exposes that time twice
+        per chunk, before it and after it: 32 of 111 frames per 16-stream serve on the bundled catalog
+        (docs/scheduling-utility.md, "Departures from the spec"). A prefill-only frame of a measured, fresh
+        program changes no decoder, and its prompters are in no population until it completes (a queued
+        prompt is neither prompter nor decoder), so a plan behind it, or it behind a decode frame, reads
+        nothing the frame will change. Where no host time has been shown (the simulator), A7's rule stands.
+        """
+        if not self.policy.prefill_fills_second_slot or not self._exposed_host_ns:
+            return False
+        graph, timing = choice.graph, choice.timing
+        return (graph.kind is GraphKind.PREFILL and timing.known and timing.fresh
+                and all(lane.phase is LanePhase.PROMPT for lane in choice.lanes))
 
     def _observe_host_time(self, frame: fq.Frame, timing: ExecutionTiming) -> None:
         """Average the host time an unqueued frame exposed (a queued frame's wall time includes its wait)."""

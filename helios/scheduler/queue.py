@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from flare_contract.graphs import GraphDescriptor
+from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor
 from helios.scheduler import rounds
 from helios.scheduler.service import MIN_RATE_PER_MS, decay_factor
 from helios.scheduler.types import Fence, LanePhase, PlannedLane, RequestHandle, ScheduledPlan
@@ -122,6 +122,13 @@ class Projected:
     reference_ns: list[int]  # what output age counts from: the last expected or observed delivery
 
 
+def follows(queued: ScheduledPlan, plan: ScheduledPlan) -> bool:
+    """Behind a queued frame that is not generation (a prefill that needs no feedback, where
+    ``PolicyConfig.prefill_fills_second_slot`` lets one be queued), only another such frame: a generation
+    plan waits for the completion, when the prompts it finishes have their decoders (A7)."""
+    return queued.graph.kind in GENERATION_KINDS or plan.graph.kind not in GENERATION_KINDS
+
+
 class FrameQueue:
     """The submitted, uncompleted frames in fence order (see the module docstring)."""
 
@@ -158,6 +165,10 @@ class FrameQueue:
         """When queued work is expected to finish: where the next plan starts (A10)."""
         return max(now_ns, self._frames[-1].end_ns) if self._frames else now_ns
 
+    def follows_last(self, plan: ScheduledPlan) -> bool:
+        """Whether ``plan`` may be queued behind the last queued frame as far as their kinds go (``follows``)."""
+        return not self._frames or follows(self._frames[-1].plan, plan)
+
     def check_slot(self) -> None:
         """A7 at commit: a free frame slot."""
         if len(self._frames) >= self.slots:
@@ -171,7 +182,8 @@ class FrameQueue:
         """
         if not self._frames:
             return
-        if self._frames[-1].plan.requires_feedback or plan.requires_feedback:
+        last = self._frames[-1].plan
+        if last.requires_feedback or plan.requires_feedback or not follows(last, plan):
             raise ValueError("this plan or the queued one needs completion feedback: commit after the queue drains")
         if cost_needs_feedback:
             raise ValueError(f"{plan.graph.id}'s cost went stale since planning (D5); replan after the queue drains")

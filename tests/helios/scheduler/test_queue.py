@@ -237,3 +237,80 @@ def test_a_request_arriving_during_a_decode_frame_joins_the_next_frame_on_the_si
         after = [p for p in result.plans if p.start_ns >= running.end_ns]
         first = next(i for i, p in enumerate(after) if "late" in p.cohort)
         assert first == frames_later  # with the second slot filled, the frame after the running one was taken
+
+
+# PolicyConfig.prefill_fills_second_slot (docs/scheduling-utility.md, "Departures from the spec", 15)
+
+HOST_TIME = ExecutionTiming(4 * MS, 4 * MS + 300_000)  # completions showing 0.3 ms of host time to hide
+
+
+def _decoding_with_host_time(s, n: int):
+    """n requests prefilled one frame at a time, each completion showing host time; handles and last fence."""
+    handles = [s.admit(ask(64, 50)) for _ in range(n)]
+    fence = 0
+    while any(s.request_view(h).phase is LanePhase.PROMPT for h in handles):
+        fence += 1
+        plan = commit_next(s, fence)
+        s.advance_to(s.now_ns + 4 * MS)
+        for token in s.complete(fence, prompt_records(plan), HOST_TIME):
+            s.published_output(token.handle, fence)
+    return handles, fence
+
+
+def test_A7_departure_a_measured_prefill_fills_the_second_slot_once_completions_show_host_time():
+    s = measured({P64: 4.0, D2: 3.0})
+    (a,), fence = _decoding_with_host_time(s, 1)
+    assert commit_next(s, fence + 1).graph is D2  # the decoder runs
+    newcomer = s.admit(ask(64, 5))
+    queued = s.plan()  # behind the running decode frame: the newcomer's prompt
+    assert queued is not None and queued.graph is P64 and not queued.requires_feedback
+    assert [lane.handle for lane in queued.lanes] == [newcomer]
+    s.commit(queued, fence + 2)
+    assert s.request_view(newcomer).phase is LanePhase.PROMPT  # its decoder exists only after completion
+
+
+def test_A7_departure_behind_a_queued_prefill_only_a_prefill_may_follow():
+    s = measured({P64: 4.0, D2: 3.0})
+    (a,), fence = _decoding_with_host_time(s, 1)
+    first = s.admit(ask(64, 5))
+    prefill_plan = commit_next(s, fence + 1)
+    assert prefill_plan.graph is P64 and not prefill_plan.requires_feedback
+    assert s.plan() is None  # the decoder's round waits for the prefill's completion (its decoder joins then)
+    decode_plan = type(prefill_plan)(D2, (), SelectionReason.ORDINARY, 3 * MS, 1.0, 0.0, requires_feedback=False)
+    with pytest.raises(ValueError, match="feedback"):
+        s.commit(decode_plan, fence + 2)  # and commit refuses one planned elsewhere
+    second = s.admit(ask(64, 5))
+    behind = s.plan()  # another prompt may follow the prefill
+    assert behind is not None and behind.graph is P64 and [lane.handle for lane in behind.lanes] == [second]
+    assert first not in [lane.handle for lane in behind.lanes]  # the queued prompt is no prompter
+
+
+@pytest.mark.parametrize("policy, completions", [(PolicyConfig(prefill_fills_second_slot=0), HOST_TIME),
+                                                 (PolicyConfig(), TIMING)])
+def test_A7_prefill_drains_the_window_under_the_spec_text_or_without_host_time(policy, completions):
+    s = measured({P64: 4.0, D2: 3.0}, policy=policy)
+    handles = [s.admit(ask(64, 50))]
+    plan = commit_next(s, 1)
+    s.advance_to(4 * MS)
+    for token in s.complete(1, prompt_records(plan), completions):
+        s.published_output(token.handle, 1)
+    assert commit_next(s, 2).graph is D2
+    s.admit(ask(64, 5))
+    assert s.plan() is None  # the prefill winner needs the empty window (A7, A8)
+    s.advance_to(7 * MS)
+    s.complete(2, [CompletionRecord(handles[0], tokens=(1,))], completions)
+    prefill_plan = commit_next(s, 3)
+    assert prefill_plan.graph is P64 and prefill_plan.requires_feedback
+    assert s.plan() is None
+
+
+def test_A7_departure_an_unmeasured_prefill_still_needs_the_empty_window():
+    s = measured({P64: 4.0, P512: 12.0, D2: 3.0}, cold=(P512,))
+    (a,), fence = _decoding_with_host_time(s, 1)
+    assert commit_next(s, fence + 1).graph is D2
+    s.admit(ask(512, 5))  # P512 never ran: its discovery (U8) wins and needs the empty window (D5)
+    assert s.plan() is None
+    s.advance_to(s.now_ns + 3 * MS)
+    s.complete(fence + 1, [CompletionRecord(a, tokens=(1,))], HOST_TIME)
+    discovery = commit_next(s, fence + 2)
+    assert discovery.graph is P512 and discovery.requires_feedback
