@@ -132,7 +132,6 @@ class CatalogProgram:
         values = result if isinstance(result, (tuple, list)) else (result,)
         return {spec.name: value for spec, value in zip(self.entry.outputs, values, strict=True)}
 
-
     def _stop_checking(self) -> None:
         """After its first call, an exported module no longer checks its inputs against the export's shapes.
 

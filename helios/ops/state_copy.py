@@ -59,7 +59,7 @@ def copy_kv_positions(dst_k: torch.Tensor, dst_v: torch.Tensor, src_k: torch.Ten
         return
     page_size, max_pages = src_k.shape[2], src_pages.shape[1]
     source_rows, target_rows = src_pages.tolist(), dst_pages.tolist()
-    whole_from, whole_to, partial = [], [], []  # pages copied whole; (from, to, positions) of partial pages
+    copies = []  # per active row: (source pages, destination pages, positions on its last page)
     for b, count in active:
         full, rest = divmod(count, page_size)
         blocks = full + (1 if rest else 0)
@@ -69,35 +69,25 @@ def copy_kv_positions(dst_k: torch.Tensor, dst_v: torch.Tensor, src_k: torch.Ten
         if min(source) < 0 or min(target) < 0:
             raise ValueError(f"row {b}: a page of positions 0..{count - 1} is missing (-1) in the "
                              "source or destination page list; reserve every page before a state copy")
-        whole_from += source[:full]
-        whole_to += target[:full]
-        if rest:
-            partial.append((source[full], target[full], rest))
-    if len(set(whole_to) | {t for _, t, _ in partial}) < len(whole_to) + len(partial):
-        _copy_row_by_row(dst_k, dst_v, src_k, src_v, whole_from, whole_to, partial, active, page_size)
+        copies.append((source, target, rest or page_size))
+    targets = [t for _, target, _ in copies for t in target]
+    if len(set(targets)) < len(targets):  # rows meet on a destination page: row by row, the last writer wins
+        for source, target, last in copies:
+            for i, (frm, to) in enumerate(zip(source, target)):
+                n = last if i == len(target) - 1 else page_size
+                for dst, src in ((dst_k, src_k), (dst_v, src_v)):
+                    dst[:, to, :n] = src[:, frm, :n]
         return
-    if whole_to:
-        frm, to = torch.tensor(whole_from, dtype=torch.long), torch.tensor(whole_to, dtype=torch.long)
+    whole = [(frm, to) for source, target, last in copies
+             for frm, to in zip(source if last == page_size else source[:-1], target)]
+    if whole:
+        frm, to = torch.tensor(whole, dtype=torch.long).unbind(1)
         for dst, src in ((dst_k, src_k), (dst_v, src_v)):
             dst[:, to] = src[:, frm]
-    for frm, to, rest in partial:
-        for dst, src in ((dst_k, src_k), (dst_v, src_v)):
-            dst[:, to, :rest] = src[:, frm, :rest]
-
-
-def _copy_row_by_row(dst_k, dst_v, src_k, src_v, whole_from, whole_to, partial, active, page_size) -> None:
-    """Rows whose destination pages meet: each row's pages in row order (whole pages, then its partial one)."""
-    partial_of = iter(partial)
-    done = 0
-    for _, count in active:
-        full, rest = divmod(count, page_size)
-        copies = [(whole_from[done + i], whole_to[done + i], page_size) for i in range(full)]
-        done += full
-        if rest:
-            copies.append(next(partial_of))
-        for frm, to, n in copies:
+    for source, target, last in copies:
+        if last < page_size:
             for dst, src in ((dst_k, src_k), (dst_v, src_v)):
-                dst[:, to, :n] = src[:, frm, :n]
+                dst[:, target[-1], :last] = src[:, source[-1], :last]
 
 
 def _indices(dst: torch.Tensor, src: torch.Tensor, dst_index: torch.Tensor, src_index: torch.Tensor,

@@ -147,11 +147,6 @@ class RequestState:
     # (slot, generation) of ``handle``: a key hashed in C, which queued frames use (``Frame.terms``)
     key: tuple[int, int] = field(init=False, default=(0, 0))
 
-    @property
-    def bounded_start(self) -> bool:
-        """Some source starts from a population copy with bounds (``PolicyConfig.population_bounds_probes``)."""
-        return any(start.bounds for start in self.acceptance.starts.values())
-
     def __post_init__(self) -> None:
         self.key = (self.handle.slot, self.handle.generation)
 
@@ -613,8 +608,7 @@ class Scheduler:
         if not self.policy.prefill_fills_second_slot or not self._exposed_host_ns:
             return False
         graph, timing = choice.graph, choice.timing
-        return (graph.kind is GraphKind.PREFILL and timing.known and timing.fresh
-                and all(lane.phase is LanePhase.PROMPT for lane in choice.lanes))
+        return graph.kind is GraphKind.PREFILL and timing.known and timing.fresh  # prompt rows only, by kind
 
     def _observe_host_time(self, frame: fq.Frame, timing: ExecutionTiming) -> None:
         """Average the host time an unqueued frame exposed (a queued frame's wall time includes its wait)."""

@@ -204,10 +204,9 @@ def _waiting(inputs: StateInputs) -> Waiting:
 
 
 def _score_program(graph, timing, enabled: Sequence[Enabled], held: Sequence[Held], inputs: StateInputs,
-                   following: Sequence[_Following], sigma: float | None, rows: dict | None = None) -> StateChoice | None:
+                   following: Sequence[_Following], sigma: float | None, rows: dict) -> StateChoice | None:
     t_ms = timing.duration_ns / 1e6
     terminals = _terminal_values(held, inputs, t_ms, sigma)
-    rows = {} if rows is None else rows
     best = _terminal_only(graph, timing, terminals, inputs) if terminals else None
     pending = None  # the best pair so far, built only if nothing later beats it (the first best stands)
     for shape in following:

@@ -238,7 +238,7 @@ def test_kept_weights_of_a_population_start_follow_its_estimates_through_plain_r
             own_means, own_weights = estimates.means_and_weights(self._max_depth)
             assert weights == own_weights  # exactly: the probe search reads S9's bound from them
             assert means == extrapolated_survival(own_means, len(estimates.depths))
-        checked["bounded"] += state.bounded_start
+        checked["bounded"] += any(start.bounds for start in state.acceptance.starts.values())  # a bounded start
 
     monkeypatch.setattr(Scheduler, "_observe_acceptance", observe)
     _probes_of_a_lone_late_request(DEFAULTS)
