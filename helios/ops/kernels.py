@@ -88,6 +88,8 @@ def install(choice: str | None = None) -> str:
             _Installed.native.flare_linear_chunk_rows.argtypes = [ctypes.c_int64]
             _Installed.native.flare_linear_chunk_rows.restype = ctypes.c_int64
             _Installed.native.flare_linear_packs.argtypes = []
+            _Installed.native.flare_linear_ahead_from.argtypes = [ctypes.c_int64]
+            _Installed.native.flare_linear_ahead_from.restype = ctypes.c_int64
             _Installed.native.flare_linear_packs.restype = ctypes.c_int64
             _install_python(_PYTHON_ONLY)
             _Installed.kind = "native"
@@ -136,6 +138,22 @@ def packs_linear_weights() -> bool:
     if raw == "0" or active() != "native":
         return False
     return bool(_Installed.native.flare_linear_packs())  # type: ignore[union-attr]
+
+
+def native_linear_ahead_from(rows: int | None = None) -> int | None:
+    """The fewest rows at which ``flare::linear``'s packed products ask for the next chunk of weights ahead
+    of use in this process (``NEVER_AHEAD``: never), after setting it to ``rows`` when given; None with the
+    Python kernels. ``helios.ops.linear.choose_ahead_from`` sets it from a measurement (csrc/flare_ops.cpp,
+    "Packed weights")."""
+    if active() != "native":
+        return None
+    setting = _Installed.native.flare_linear_ahead_from  # type: ignore[union-attr]
+    if rows is not None:
+        setting(int(rows))
+    return int(setting(-1))
+
+
+NEVER_AHEAD = 1 << 20  # csrc/flare_ops.cpp: kMaxAheadFrom
 
 
 def native_linear_row_rows(rows: int | None = None) -> int | None:

@@ -278,13 +278,100 @@ def _time_bound(weights: list[torch.Tensor], rows: int, repeats: int, set_bound)
     return best[0], best[1]
 
 
+# ---- whether the packed products ask for weights ahead: measured on the catalog's packed weights ----
+
+AHEAD_FROM_ENV = "FLARE_LINEAR_AHEAD_FROM"  # a fixed row count instead of the measurement (0: never, 1..256)
+AHEAD_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)  # decode batches, then a small prompt chunk
+
+
+@dataclass(frozen=True, slots=True)
+class AheadChoice:
+    """The fewest rows at which the packed products ask for the next chunk of weights ahead of use in this
+    process (None: never), and what decided it."""
+
+    rows: int | None
+    source: str  # "measured", the environment variable that fixed it, or why nothing was measured
+    megabytes: float = 0.0  # the packed weights measured on
+    timings: tuple[tuple[int, float, float], ...] = ()  # (rows, asking ms, not asking ms) per candidate
+
+    def describe(self) -> str:
+        head = ("flare::linear: packed products never ask ahead" if self.rows is None
+                else f"flare::linear: packed products ask ahead from {self.rows} rows")
+        if not self.timings:
+            return f"{head} ({self.source})"
+        measured = ", ".join(f"{m} rows {mine:.1f}/{theirs:.1f} ms" for m, mine, theirs in self.timings)
+        return f"{head} (asking/not over the catalog's {self.megabytes:.0f} MB of packed weights: {measured})"
+
+
+def choose_ahead_from(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ,
+                      repeats: int = 2) -> AheadChoice | None:
+    """Set the fewest rows at which the packed kernel asks for the next chunk of weights ahead of use, for
+    this process: ``FLARE_LINEAR_AHEAD_FROM`` when set (0: never), else the first candidate size, from one
+    row up, at which a pass over every packed matrix of ``weights``, in order (what a step reads, so the
+    last-level cache holds what it would), ran no slower asking than not (interleaved, best of ``repeats``);
+    never when it lost at every candidate. Asking overlaps streaming from memory with the arithmetic and
+    only adds work where the last-level cache holds the weights (csrc/flare_ops.cpp, "Packed weights").
+    None with the Python kernels; the setting is left alone where nothing is packed."""
+    from helios.ops import kernels
+
+    if kernels.active() != "native":
+        return None
+    rows = _fixed_rows(environ, AHEAD_FROM_ENV, 0, MAX_NATIVE_ROWS)
+    if rows is not None:
+        kernels.native_linear_ahead_from(rows or kernels.NEVER_AHEAD)
+        return AheadChoice(rows or None, AHEAD_FROM_ENV)
+    packed = [w for w in weights if w.dim() == 2 and w.dtype == torch.float32 and _packed(w)]
+    if not packed:
+        return AheadChoice(_ahead_rows(kernels.native_linear_ahead_from()), "no packed weights to measure on")
+    timings = []
+    chosen = kernels.NEVER_AHEAD
+    for m in AHEAD_CANDIDATE_ROWS:
+        asking, not_asking = _time_ahead(packed, m, repeats)
+        timings.append((m, asking, not_asking))
+        if asking <= not_asking:
+            chosen = m
+            break
+    kernels.native_linear_ahead_from(chosen)
+    megabytes = sum(w.numel() for w in packed) * 4 / 1e6
+    return AheadChoice(_ahead_rows(chosen), "measured", megabytes, tuple(timings))
+
+
+def _time_ahead(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[float, float]:
+    """Best ms of one pass over ``weights`` at ``rows`` rows asking ahead (the setting at ``rows``), then not
+    (at ``rows + 1``), interleaved."""
+    from helios.ops import kernels
+
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+
+    def once(setting: int) -> float:
+        kernels.native_linear_ahead_from(setting)
+        began = time.perf_counter()
+        for w in weights:
+            torch.ops.flare.linear(inputs[w.shape[1]], w)
+        return (time.perf_counter() - began) * 1e3
+
+    once(rows)  # first touch
+    best = [math.inf, math.inf]
+    for _ in range(repeats):
+        best[0] = min(best[0], once(rows))
+        best[1] = min(best[1], once(rows + 1))
+    return best[0], best[1]
+
+
+def _ahead_rows(setting: int | None) -> int | None:
+    from helios.ops import kernels
+
+    return None if setting is None or setting >= kernels.NEVER_AHEAD else setting
+
+
 def choose_linear_kernels(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ
                           ) -> tuple[OrderChoice | RowsChoice, ...]:
     """What ``flare run`` sets before its warm-up: the loop orders (``choose_chunk_rows``, then
-    ``choose_row_rows`` against it), then the native kernel's row bound (``choose_native_rows``), each
-    measured on ``weights`` or fixed by its environment variable. The choices made (none with the Python
+    ``choose_row_rows`` against it), then the native kernel's row bound (``choose_native_rows``), then from
+    how many rows the packed products ask ahead (``choose_ahead_from``), each measured on ``weights`` or
+    fixed by its environment variable. The choices made (none with the Python
     kernels); ValueError names a bad variable."""
     weights = list(weights)
     choices = (choose_chunk_rows(weights, environ), choose_row_rows(weights, environ),
-               choose_native_rows(weights, environ))
+               choose_native_rows(weights, environ), choose_ahead_from(weights, environ))
     return tuple(c for c in choices if c is not None)

@@ -442,9 +442,15 @@ def test_choose_chunk_rows_measures_or_takes_the_environment(chunk_rows, native_
     for bad in ("-1", "65", "many"):
         with pytest.raises(ValueError, match=f"{linear.CHUNK_ROWS_ENV}='{bad}'"):
             linear.choose_chunk_rows(weights, environ={linear.CHUNK_ROWS_ENV: bad})
-    both = linear.choose_linear_kernels(weights, environ={linear.CHUNK_ROWS_ENV: "16", linear.ROW_ROWS_ENV: "2",
-                                                          linear.NATIVE_ROWS_ENV: "32"})
-    assert [c.rows for c in both] == [16, 2, 32] and (chunk_rows(), native_rows()) == (16, 32)
+    before = kernels.native_linear_ahead_from()
+    try:
+        both = linear.choose_linear_kernels(weights, environ={
+            linear.CHUNK_ROWS_ENV: "16", linear.ROW_ROWS_ENV: "2", linear.NATIVE_ROWS_ENV: "32",
+            linear.AHEAD_FROM_ENV: "8"})
+        assert [c.rows for c in both] == [16, 2, 32, 8] and (chunk_rows(), native_rows()) == (16, 32)
+        assert kernels.native_linear_ahead_from() == 8
+    finally:
+        kernels.native_linear_ahead_from(before)
 
 
 @pytest.mark.skipif(kernels.active() != "native", reason="the row order is the native kernel's")
@@ -478,7 +484,7 @@ def _packs() -> bool:
 @pytest.mark.numerics
 @pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
 @pytest.mark.parametrize("rows", [1, 3, 7, 8, 9, 16, 17, 300])
-@pytest.mark.parametrize("inner, outer", [(64, 9), (100, 32), (384, 33), (37, 70)])
+@pytest.mark.parametrize("inner, outer", [(64, 9), (100, 32), (384, 33), (37, 70), (700, 40)])
 def test_packed_linear_matches_a_float64_product(rows, inner, outer):
     """A packed weight gives x @ weight.T + bias at any row count, past the 8-row blocks (tails 1-7) and
     past 256 rows (no ATen fallback can read it), and at any output count (a last panel under 32, whose
@@ -500,18 +506,93 @@ def test_packed_linear_matches_a_float64_product(rows, inner, outer):
     assert out.shape == (1, rows, outer)
 
 
+@pytest.fixture
+def ahead_from():
+    """Set from how many rows the packed products ask ahead, for one test; the process's setting is restored
+    after it."""
+    before = kernels.native_linear_ahead_from()
+    yield kernels.native_linear_ahead_from
+    kernels.native_linear_ahead_from(before)
+
+
 @pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
-def test_packed_linear_rows_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("inner", [200, 700])  # one chunk of K (256 steps); three, the last short
+def test_packed_linear_rows_do_not_depend_on_the_batch(inner, ahead_from):
     """A row's product through a packed weight is the same bits whatever rows share the call, at every row
-    count (8-row blocks, their tails, and above the unpacked kernel's 256-row bound)."""
+    count (8-row blocks, their tails, and above the unpacked kernel's 256-row bound), whether or not the
+    products ask for weights ahead (a prefetch moves no arithmetic), and across the chunks of K that every
+    block visits in turn (each output stays one chain over k in order)."""
     gen = torch.Generator().manual_seed(11)
-    x, weight = torch.randn(300, 200, generator=gen), torch.randn(45, 200, generator=gen)
+    x, weight = torch.randn(300, inner, generator=gen), torch.randn(45, inner, generator=gen)
     bias = torch.randn(45, generator=gen)
     packed = torch.ops.flare.pack_linear_weight(weight)
+    ahead_from(kernels.NEVER_AHEAD)
     alone = torch.cat([torch.ops.flare.linear(x[i:i + 1], packed, bias) for i in range(300)])
-    for rows in (2, 3, 7, 8, 9, 15, 16, 17, 64, 257, 300):
-        assert torch.equal(torch.ops.flare.linear(x[:rows], packed, bias), alone[:rows]), rows
-        assert torch.equal(torch.ops.flare.linear(x[300 - rows:], packed, bias), alone[300 - rows:]), rows
+    # one chain of fused multiply-adds over k in order is what every block must reproduce, chunks of K or
+    # not: each step rounds x * w + acc once to float32 (the float64 product of two float32 values is exact;
+    # rounding the float64 sum first changes the float32 result only at an exact float64 tie, which these
+    # random values do not hit)
+    chain = torch.zeros(300, 45)
+    for k in range(inner):
+        chain = (chain.double() + x[:, k:k + 1].double() * weight[:, k].double()).float()
+    assert torch.equal(alone, chain + bias)
+    for setting in (kernels.NEVER_AHEAD, 1):
+        ahead_from(setting)
+        for rows in (1, 2, 3, 7, 8, 9, 15, 16, 17, 64, 257, 300):
+            assert torch.equal(torch.ops.flare.linear(x[:rows], packed, bias), alone[:rows]), (setting, rows)
+            assert torch.equal(torch.ops.flare.linear(x[300 - rows:], packed, bias), alone[300 - rows:]), (setting, rows)
+
+
+@pytest.mark.skipif(kernels.active() != "native", reason="the native kernel's")
+def test_a_product_without_an_inner_dimension_is_the_bias():
+    """K = 0: no multiply-adds, so every output is its bias (or zero); an unwritten output would be whatever
+    the allocation held."""
+    x, weight, bias = torch.randn(5, 0), torch.randn(40, 0), torch.randn(40)
+    assert torch.equal(torch.ops.flare.linear(x, weight, bias), bias.expand(5, 40))
+    assert torch.equal(torch.ops.flare.linear(x, weight), torch.zeros(5, 40))
+
+
+@pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
+def test_choose_ahead_from_measures_on_packed_weights_or_takes_the_environment(ahead_from):
+    weights = [torch.ops.flare.pack_linear_weight(torch.randn(64, 300)) for _ in range(3)] + [torch.randn(48, 32)]
+    choice = linear.choose_ahead_from(weights, environ={}, repeats=1)
+    assert choice.source == "measured"
+    measured = [m for m, _, _ in choice.timings]
+    assert measured == list(linear.AHEAD_CANDIDATE_ROWS[:len(measured)])  # from one row, in order, to the first win
+    assert all(asking > not_asking for _, asking, not_asking in choice.timings[:-1])
+    last, asking, not_asking = choice.timings[-1]
+    if asking <= not_asking:
+        assert choice.rows == last and ahead_from() == last
+    else:  # lost at every candidate
+        assert choice.rows is None and len(measured) == len(linear.AHEAD_CANDIDATE_ROWS)
+        assert ahead_from() == kernels.NEVER_AHEAD
+    assert choice.megabytes == pytest.approx(3 * 64 * 300 * 4 / 1e6)  # the packed matrices only
+    fixed = linear.choose_ahead_from(weights, environ={linear.AHEAD_FROM_ENV: "4"})
+    assert (fixed.rows, fixed.source, ahead_from()) == (4, linear.AHEAD_FROM_ENV, 4)
+    never = linear.choose_ahead_from(weights, environ={linear.AHEAD_FROM_ENV: "0"})
+    assert never.rows is None and ahead_from() == kernels.NEVER_AHEAD
+    assert never.describe().startswith("flare::linear: packed products never ask ahead")
+    for bad in ("-1", "257", "many"):
+        with pytest.raises(ValueError, match=f"{linear.AHEAD_FROM_ENV}='{bad}'"):
+            linear.choose_ahead_from(weights, environ={linear.AHEAD_FROM_ENV: bad})
+    unpacked = linear.choose_ahead_from([torch.randn(48, 32)], environ={})
+    assert unpacked.source == "no packed weights to measure on" and unpacked.timings == ()
+
+
+def test_choose_ahead_from_takes_the_first_size_at_which_asking_is_not_slower(monkeypatch, ahead_from):
+    """The rule, on given timings: the first candidate at which asking ran no slower; never when it lost at
+    all of them."""
+    if not _packs():
+        pytest.skip("packed weights are the native AVX-512 kernel's")
+    weights = [torch.ops.flare.pack_linear_weight(torch.randn(32, 64))]
+    losses = {1: (2.0, 1.0), 2: (1.5, 1.0), 4: (1.0, 1.0), 8: (0.5, 1.0)}
+    monkeypatch.setattr(linear, "_time_ahead", lambda w, rows, repeats: losses.get(rows, (0.1, 1.0)))
+    choice = linear.choose_ahead_from(weights, environ={})
+    assert (choice.rows, ahead_from(), [m for m, _, _ in choice.timings]) == (4, 4, [1, 2, 4])
+    monkeypatch.setattr(linear, "_time_ahead", lambda w, rows, repeats: (2.0, 1.0))
+    choice = linear.choose_ahead_from(weights, environ={})
+    assert choice.rows is None and ahead_from() == kernels.NEVER_AHEAD
+    assert [m for m, _, _ in choice.timings] == list(linear.AHEAD_CANDIDATE_ROWS)
 
 
 @pytest.mark.skipif(not _packs(), reason="packed weights are the native AVX-512 kernel's")
