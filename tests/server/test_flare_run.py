@@ -150,8 +150,11 @@ def test_C6_Y3_a_speculative_width_the_catalog_lacks_is_one_line_and_exit_2(requ
                  marks=pytest.mark.skipif(kernels.active() != "native", reason="the loop order is the native kernel's")),
     pytest.param("FLARE_LINEAR_PACK", "yes", "FLARE_LINEAR_PACK='yes' is not 0 or 1",
                  marks=pytest.mark.skipif(kernels.active() != "native", reason="packing is the native kernel's")),
+    pytest.param("FLARE_LINEAR_AHEAD_FROM", "300", "FLARE_LINEAR_AHEAD_FROM='300': expected a row count from 0 to 256",
+                 marks=pytest.mark.skipif(kernels.active() != "native", reason="asking ahead is the native kernel's")),
     ("FLARE_COMPILED_CALL", "sometimes", "FLARE_COMPILED_CALL='sometimes' is not one of released, held"),
-], ids=["linear row bound", "linear loop order", "linear row order", "linear packing", "compiled call"])
+], ids=["linear row bound", "linear loop order", "linear row order", "linear packing", "linear ahead",
+        "compiled call"])
 def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2(request, tmp_path_factory, name, value, error):
     catalog = tiny_catalog_path(cache_folder(request.config, tmp_path_factory))
     result = subprocess.run([*FLARE, "run", str(catalog), "--port", "0", "--threads", "1"], cwd=REPO,

@@ -735,7 +735,7 @@ bool linear_weight_packed(const at::Tensor& weight) { return is_packed(weight); 
 // weight is harmless.
 constexpr int64_t kPackChunk = 256;
 // The fewest rows at which the packed products ask ahead, in this process (helios.ops.linear measures it on
-// the catalog's packed weights at start: where they sit in the last-level cache, as flare-tiny's 31 MB do,
+// the catalog's packed weights at start: where they sit in the last-level cache, as flare-tiny's 28 MB do,
 // the requests only add work at one row, 1.47 against 1.56-1.64 ms for its decode_b1). kMaxAheadFrom: never.
 constexpr int64_t kMaxAheadFrom = 1 << 20;
 std::atomic<int64_t> ahead_from{1};
@@ -813,7 +813,7 @@ void linear_packed(const float* x, int64_t M, int64_t K, const float* w, int64_t
       const int64_t n0 = p * kPackWidth, valid = std::min(kPackWidth, N - n0);
       const float* b = bias ? bias + n0 : nullptr;
       int64_t k0 = 0;
-      do {  // at least once, so K = 0 still writes the bias (or zeros)
+      do {  // K >= 1 here (linear() gives a K = 0 product to ATen)
         const int64_t k1 = std::min(K, k0 + kPackChunk);
         const char* ahead = reinterpret_cast<const char*>(panel + k1 * kPackWidth);  // what follows in memory
         for (int64_t m = 0; m < M; m += kPackRows)
