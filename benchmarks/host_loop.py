@@ -11,9 +11,11 @@ control thread's and the device worker's own work, not estimates:
 
 - ``program``: the program call itself (``Executor._timed_call``), the
   reference every other line is a share of;
-- ``executor around the call``: the rest of ``Executor.run`` (input moves,
-  reading the outputs, completion records);
-- control thread: ``plan`` (``Scheduler.plan`` with ``advance_to``), ``bind``
+- ``executor around the call``: the rest of ``Executor.call`` on the device
+  worker (input moves, the program wrapper);
+- control thread: ``read`` (``Executor.finish``: reading the outputs and the
+  completion records, which the worker hands over unread), ``plan``
+  (``Scheduler.plan`` with ``advance_to``), ``bind``
   (page reservation, page-table rows, row packing), ``commit``, ``complete``
   (``Scheduler.complete*``), ``publish`` (detokenisation, stop strings,
   handing the delta to the request's outbox), ``wake`` (handing the step's
@@ -28,7 +30,7 @@ not in these figures.
 ``--totals`` leaves the per-part timers out (each timed call costs a few
 microseconds of its own, counted in its part): it reads the engine's own
 control-step time (``frame_counters().host_ns``) and program time
-(``device_ns``), times only ``Executor.run`` for the worker's work around the
+(``device_ns``), times only ``Executor.call`` for the worker's work around the
 call, and gives the control thread's CPU time per frame beside them (the
 whole thread: its waits for events cost CPU too).
 """
@@ -49,6 +51,9 @@ from helios.runtime.engine import EngineConfig, HeliosEngine
 from helios.runtime.engine_api import GenerationRequest, SamplingParams
 from helios.runtime.executor import Executor
 from helios.scheduler.core import Scheduler
+from helios.runtime.state_ops import STATE_KINDS
+
+STATE_KIND_VALUES = frozenset(kind.value for kind in STATE_KINDS)
 
 TOTALS: dict[str, int] = defaultdict(int)
 CPU: dict[str, int] = defaultdict(int)  # --cpu: the calling thread's CPU time per part
@@ -81,7 +86,8 @@ def _timed(owner, name: str, label: str) -> None:
 
 def _instrument() -> None:
     _timed(Executor, "_timed_call", "program")
-    _timed(Executor, "run", "executor.run")
+    _timed(Executor, "call", "executor.call")
+    _timed(Executor, "finish", "read")
     for name in ("plan", "advance_to"):
         _timed(Scheduler, name, "plan")
     _timed(Scheduler, "commit", "commit")
@@ -103,16 +109,16 @@ async def _request(engine: HeliosEngine, rid: str, tokens: int) -> int:
 
 def _report(host_ns: int, frames: int, produced: int, seconds: float) -> None:
     program = TOTALS["program"]
-    around = TOTALS["executor.run"] - program
-    control = ("plan", "commit", "complete", "bind", "publish", "wake")
+    around = TOTALS["executor.call"] - program
+    control = ("read", "plan", "commit", "complete", "bind", "publish", "wake")
     other = host_ns - sum(TOTALS[k] for k in control)
     print(f"{frames} frames, {produced} tokens in {seconds:.2f} s ({produced / seconds:.1f} tok/s); "
           f"program {program / 1e6 / frames:.3f} ms/frame")
     rows = [("executor around the call", around)] + [(k, TOTALS[k]) for k in control] + [("other", other)]
     cpu = None
     if CLOCKS["cpu"]:  # the same parts in the thread's CPU time: what is left once waits are taken out
-        parts = ("plan", "commit", "complete", "bind", "publish")
-        cpu = {"executor around the call": CPU["executor.run"] - CPU["program"], "wake": CPU["wake"],
+        parts = ("read", "plan", "commit", "complete", "bind", "publish")
+        cpu = {"executor around the call": CPU["executor.call"] - CPU["program"], "wake": CPU["wake"],
                "other": CPU["step"] - sum(CPU[k] for k in parts), **{k: CPU[k] for k in parts}}
         print(f"  {'':26s} {'wall':>8s}                           {'cpu':>8s}")
     for label, ns in rows:
@@ -139,7 +145,10 @@ def _report_totals(before, after, clocks: dict[str, int], cpu_before: dict[str, 
                    seconds: float) -> None:
     frames = after.frames - before.frames
     program, control = after.device_ns - before.device_ns, after.host_ns - before.host_ns
-    around = TOTALS["executor.run"] - program
+    # Executor.call serves program frames only: state programs (snapshots, restores) run through run_state
+    state = sum(after.executions[k][1] - before.executions.get(k, (0, 0))[1] for k in after.executions
+                if k[0] in STATE_KIND_VALUES)
+    around = TOTALS["executor.call"] - (program - state)
     cpu = {name: time.clock_gettime_ns(clock) - cpu_before[name] for name, clock in clocks.items()}
     print(f"{frames} frames, {produced} tokens in {seconds:.2f} s ({produced / seconds:.1f} tok/s); "
           f"program {program / 1e6 / frames:.3f} ms/frame; {(after.plans - before.plans) / frames:.2f} plans/frame")
@@ -195,13 +204,13 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="also give each part's thread CPU time (beside the "
                                                             "wall time: the difference is waiting for a core or the GIL)")
     parser.add_argument("--totals", action="store_true", help="no per-part timers: the engine's own counters, "
-                                                               "Executor.run and each thread's CPU time")
+                                                               "Executor.call and each thread's CPU time")
     args = parser.parse_args()
     if args.totals and (args.cpu or args.profile):
         parser.error("--totals leaves the per-part timers out: it takes neither --cpu nor --profile")
     CLOCKS["cpu"] = args.cpu
     if args.totals:
-        _timed(Executor, "run", "executor.run")
+        _timed(Executor, "call", "executor.call")
     else:
         _instrument()
     for label in filter(None, args.profile.split(",")):

@@ -28,7 +28,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -272,6 +272,9 @@ class _Finished:
     result: FrameResult | None
     error: BaseException | None
     dispatched_ns: int
+    # a program frame's bound inputs, outputs and device interval, read into ``result`` on the control
+    # thread (``Executor.finish``); None once read, and for state programs
+    called: tuple[BoundFrame, Mapping[str, Any], int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -849,6 +852,13 @@ class HeliosEngine:
 
     def _finish_frame(self, event: _Finished) -> None:
         plan = event.plan
+        if event.called is not None:
+            frame, outputs, device_ns = event.called
+            try:
+                result, error = self.executor.finish(frame, outputs, device_ns, event.dispatched_ns), None
+            except Exception as exc:  # a broken program contract fails this frame's requests only
+                result, error = None, exc
+            event = _Finished(event.fence, plan, result, error, event.dispatched_ns)
         self.scheduler.advance_to(time.monotonic_ns())
         if event.error is not None:
             records, timing = (), _unmeasured(event.dispatched_ns)
@@ -1025,12 +1035,18 @@ class HeliosEngine:
             if item is None:
                 return
             fence, plan, frame, dispatched_ns = item
+            # A program frame's outputs are read on the control thread (Executor.finish): Python run here, on
+            # the core the program just swept through its caches, ran 5-10x slower, and the next queued
+            # frame waited for it (docs/runtime.md, "Threads").
+            result = error = called = None
             try:
-                run = self.executor.run_state if isinstance(frame, BoundState) else self.executor.run
-                result, error = run(frame, dispatched_ns), None
+                if isinstance(frame, BoundState):
+                    result = self.executor.run_state(frame, dispatched_ns)
+                else:
+                    called = (frame, *self.executor.call(frame))
             except Exception as exc:  # one program's failure must not stop the server
-                result, error = None, exc
-            self._events.put(_Finished(fence, plan, result, error, dispatched_ns))
+                error = exc
+            self._events.put(_Finished(fence, plan, result, error, dispatched_ns, called))
 
 
 def _context_length(catalog: Catalog, graphs: Sequence[GraphDescriptor], layout: PageLayout) -> int:

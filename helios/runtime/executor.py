@@ -416,12 +416,25 @@ class Executor:
         The frame's lane contexts say which ids end each lane and which lanes want logprobs (a
         lane without one ends on the end-of-sequence ids and gets none).
         """
-        contexts = frame.contexts
+        outputs, device_ns = self.call(frame)
+        return self.finish(frame, outputs, device_ns, dispatched_ns)
+
+    def call(self, frame: BoundFrame) -> tuple[Mapping[str, torch.Tensor], int]:
+        """The program call of ``frame`` alone: its outputs as the program returned them (each call's are
+        its own tensors) and its device interval. ``finish`` reads them, on whichever thread has the time:
+        the engine's device worker hands them to the control thread, since Python run on the core a
+        program just swept through its caches ran 5-10x slower (docs/runtime.md, "Threads")."""
         program = self.program_for(frame.plan.graph.id)
         inputs = frame.inputs
         if self.device.type != "cpu":  # on CPU the bound tensors are the program's inputs as they are
             inputs = {name: t.to(self.device, non_blocking=True) for name, t in inputs.items()}
-        outputs, device_ns = self._timed_call(program, {**inputs, **self.state})
+        return self._timed_call(program, {**inputs, **self.state})
+
+    def finish(self, frame: BoundFrame, outputs: Mapping[str, torch.Tensor], device_ns: int,
+               dispatched_ns: int) -> FrameResult:
+        """``frame``'s completion records from the outputs of its ``call`` (checked: FrameOutputError names a
+        broken program contract)."""
+        contexts = frame.contexts
         slots = frame.inputs["page_table"].shape[0]
         wanting = [r for r in frame.rows if _context_of(contexts, r).logprobs]
         read = read_outputs(frame.plan.graph, frame.rows, outputs, slots, wanting)

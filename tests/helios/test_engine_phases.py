@@ -331,6 +331,41 @@ def test_a_raising_program_fails_only_its_frames_requests(catalog, eager):
     engine.pages.assert_no_leaks()
 
 
+def test_outputs_that_break_the_contract_fail_only_their_frames_requests(catalog, eager):
+    """The worker hands a frame's outputs over unread and the control thread reads them (Executor.finish):
+    a broken output found there fails that frame's requests, as a raising program does, and the engine
+    goes on serving."""
+    broken_rows = []
+
+    def program_for(graph_id):
+        program = eager(graph_id)
+
+        def maybe_break(**named):
+            outputs = program(**named)
+            if "prompt_tokens" in named and (named["prompt_tokens"] == POISON).any():
+                broken_rows.append(int((named["query_lens"] > 0).sum()))
+                return {**outputs, "tokens": outputs["tokens"][:, :0]}  # a shape the contract does not allow
+            return outputs
+        return maybe_break
+
+    engine = make_engine(catalog, eager, program_for=program_for)
+
+    async def body(engine):
+        healthy = [collect(engine, request(engine, f"h{i}", f"healthy request {i}", 16)) for i in range(3)]
+        poisoned = collect(engine, GenerationRequest("bad", (10, 11, POISON, 12), 16, GREEDY))
+        results = await asyncio.gather(poisoned, *healthy, return_exceptions=True)
+        after = await collect(engine, request(engine, "after", "still serving", 6))
+        await asyncio.to_thread(wait_idle, engine)
+        return results, after
+
+    results, after = serve(engine, body)
+    failed = [r for r in results if isinstance(r, Exception)]
+    assert isinstance(results[0], GenerationFailed) and "tokens has shape" in str(results[0])
+    assert len(broken_rows) == 1 and len(failed) == broken_rows[0], "exactly the rows of the broken frame fail"
+    assert len(after[1]) == 6
+    engine.pages.assert_no_leaks()
+
+
 def test_drain_refuses_new_work_and_aborts_what_outlives_the_grace(catalog, eager):
     engine = make_engine(catalog, eager)
 
