@@ -107,9 +107,16 @@ async def _request(engine: HeliosEngine, rid: str, tokens: int) -> int:
     return sum([len(d.token_ids) async for d in engine.submit(request)])
 
 
-def _report(host_ns: int, frames: int, produced: int, seconds: float) -> None:
+def _state_ns(before, after) -> int:
+    """Device time of state programs (snapshots, restores) between two counter copies: they run through
+    ``Executor.run_state``, not ``Executor.call``."""
+    return sum(after.executions[k][1] - before.executions.get(k, (0, 0))[1] for k in after.executions
+               if k[0] in STATE_KIND_VALUES)
+
+
+def _report(host_ns: int, frames: int, produced: int, seconds: float, state_ns: int = 0) -> None:
     program = TOTALS["program"]
-    around = TOTALS["executor.call"] - program
+    around = TOTALS["executor.call"] - (program - state_ns)
     control = ("read", "plan", "commit", "complete", "bind", "publish", "wake")
     other = host_ns - sum(TOTALS[k] for k in control)
     print(f"{frames} frames, {produced} tokens in {seconds:.2f} s ({produced / seconds:.1f} tok/s); "
@@ -118,7 +125,7 @@ def _report(host_ns: int, frames: int, produced: int, seconds: float) -> None:
     cpu = None
     if CLOCKS["cpu"]:  # the same parts in the thread's CPU time: what is left once waits are taken out
         parts = ("read", "plan", "commit", "complete", "bind", "publish")
-        cpu = {"executor around the call": CPU["executor.call"] - CPU["program"], "wake": CPU["wake"],
+        cpu = {"executor around the call": CPU["executor.call"] - (CPU["program"] - state_ns), "wake": CPU["wake"],
                "other": CPU["step"] - sum(CPU[k] for k in parts), **{k: CPU[k] for k in parts}}
         print(f"  {'':26s} {'wall':>8s}                           {'cpu':>8s}")
     for label, ns in rows:
@@ -145,10 +152,7 @@ def _report_totals(before, after, clocks: dict[str, int], cpu_before: dict[str, 
                    seconds: float) -> None:
     frames = after.frames - before.frames
     program, control = after.device_ns - before.device_ns, after.host_ns - before.host_ns
-    # Executor.call serves program frames only: state programs (snapshots, restores) run through run_state
-    state = sum(after.executions[k][1] - before.executions.get(k, (0, 0))[1] for k in after.executions
-                if k[0] in STATE_KIND_VALUES)
-    around = TOTALS["executor.call"] - (program - state)
+    around = TOTALS["executor.call"] - (program - _state_ns(before, after))
     cpu = {name: time.clock_gettime_ns(clock) - cpu_before[name] for name, clock in clocks.items()}
     print(f"{frames} frames, {produced} tokens in {seconds:.2f} s ({produced / seconds:.1f} tok/s); "
           f"program {program / 1e6 / frames:.3f} ms/frame; {(after.plans - before.plans) / frames:.2f} plans/frame")
@@ -186,7 +190,8 @@ async def _run(args) -> None:
     finally:
         await engine.stop()
     if not args.totals:
-        _report(after.host_ns - before.host_ns, after.frames - before.frames, produced, seconds)
+        _report(after.host_ns - before.host_ns, after.frames - before.frames, produced, seconds,
+                _state_ns(before, after))
 
 
 def main() -> None:
