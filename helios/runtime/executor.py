@@ -420,8 +420,11 @@ class Executor:
         return self.finish(frame, outputs, device_ns, dispatched_ns)
 
     def call(self, frame: BoundFrame) -> tuple[Mapping[str, torch.Tensor], int]:
-        """The program call of ``frame`` alone: its outputs as the program returned them (each call's are
-        its own tensors) and its device interval. ``finish`` reads them, on whichever thread has the time:
+        """The program call of ``frame`` alone: its outputs as the program returned them and its device
+        interval. Nothing a later frame writes backs them: a call's outputs are tensors of its own, or (a
+        rectangular round's ``verified_lens``) the frame's ``query_lens``, which no program or binding
+        writes (``RowInputCache``); no output of the bundled catalog's programs shares storage with the
+        state (checked 2026-12-05). ``finish`` reads them, on whichever thread has the time:
         the engine's device worker hands them to the control thread, since Python run on the core a
         program just swept through its caches ran 5-10x slower (docs/runtime.md, "Threads")."""
         program = self.program_for(frame.plan.graph.id)

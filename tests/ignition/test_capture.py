@@ -296,6 +296,35 @@ def _eager(program, frame, state) -> dict:
     return {"outputs": program(**frame, **state), "state": state}
 
 
+def test_no_captured_output_shares_storage_with_the_state_or_a_written_input(catalog):
+    """The engine's device worker hands a frame's outputs over unread and the control thread reads them
+    while the next frame runs (helios.runtime.executor.Executor.call): so no output may live in the state,
+    which the next frame writes. The one output allowed to alias an input is a rectangular round's
+    ``verified_lens``, the frame's ``query_lens``, which nothing writes (bound row inputs are shared by value,
+    ``RowInputCache``)."""
+    job = _job(catalog, torch.Generator().manual_seed(3), None)
+    state = job["state"]
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+    state_spans = {name: span(t) for name, t in state.items()}
+    checked = 0
+    for program_id, frame in job["frames"].items():
+        outputs = catalog.program(program_id)(**frame, **state)
+        input_spans = {name: span(t) for name, t in frame.items() if isinstance(t, torch.Tensor) and t.numel()}
+        for name, out in outputs.items():
+            if not out.numel():
+                continue
+            start = out.untyped_storage().data_ptr()
+            assert not any(lo <= start < hi for lo, hi in state_spans.values()), (program_id, name)
+            shared = {n for n, (lo, hi) in input_spans.items() if lo <= start < hi}
+            assert shared <= ({"query_lens"} if name == "verified_lens" else set()), (program_id, name, shared)
+            checked += 1
+    assert checked >= 2 * len(job["frames"])  # every program returns at least its tokens and their counts
+
+
 @pytest.mark.slow
 def test_C1_C14_captured_programs_run_in_a_fresh_process_under_other_kernels_like_eager(catalog, cli_capture,
                                                                                        tmp_path):
