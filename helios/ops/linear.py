@@ -258,9 +258,12 @@ def _measured_order(matrices: list[torch.Tensor], candidates: Sequence[int], rep
     return OrderChoice(rows, "measured", megabytes, tuple(timings), order, other)
 
 
-def _time_bound(weights: list[torch.Tensor], rows: int, repeats: int, set_bound) -> tuple[float, float]:
-    """Best ms of one pass over ``weights`` at ``rows`` rows with the order's bound at ``rows`` (the order
-    serves them), then at ``rows - 1`` (the next order does), interleaved."""
+def _time_bound(weights: list[torch.Tensor], rows: int, repeats: int, set_bound,
+                other: int | None = None) -> tuple[float, float]:
+    """Best ms of one pass over ``weights`` at ``rows`` rows with the setting at ``rows`` (for an order's
+    bound: the order serves them), then at ``other`` (default ``rows - 1``: the next order does),
+    interleaved."""
+    other = rows - 1 if other is None else other
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
 
     def once(bound: int) -> float:
@@ -274,7 +277,7 @@ def _time_bound(weights: list[torch.Tensor], rows: int, repeats: int, set_bound)
     best = [math.inf, math.inf]
     for _ in range(repeats):
         best[0] = min(best[0], once(rows))
-        best[1] = min(best[1], once(rows - 1))
+        best[1] = min(best[1], once(other))
     return best[0], best[1]
 
 
@@ -341,21 +344,7 @@ def _time_ahead(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[f
     (at ``rows + 1``), interleaved."""
     from helios.ops import kernels
 
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
-
-    def once(setting: int) -> float:
-        kernels.native_linear_ahead_from(setting)
-        began = time.perf_counter()
-        for w in weights:
-            torch.ops.flare.linear(inputs[w.shape[1]], w)
-        return (time.perf_counter() - began) * 1e3
-
-    once(rows)  # first touch
-    best = [math.inf, math.inf]
-    for _ in range(repeats):
-        best[0] = min(best[0], once(rows))
-        best[1] = min(best[1], once(rows + 1))
-    return best[0], best[1]
+    return _time_bound(weights, rows, repeats, kernels.native_linear_ahead_from, other=rows + 1)
 
 
 def _ahead_rows(setting: int | None) -> int | None:

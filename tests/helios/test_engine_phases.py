@@ -298,6 +298,20 @@ def test_seeded_sampling_reproduces_across_different_concurrency(catalog, eager)
 POISON = 254  # a byte token only the poisoned prompt contains
 
 
+def _serve_beside_a_poisoned_request(engine):
+    """Three healthy requests beside one whose prompt holds POISON, then one more: every result (a
+    GenerationFailed where it failed) and the last request's."""
+    async def body(engine):
+        healthy = [collect(engine, request(engine, f"h{i}", f"healthy request {i}", 16)) for i in range(3)]
+        poisoned = collect(engine, GenerationRequest("bad", (10, 11, POISON, 12), 16, GREEDY))
+        results = await asyncio.gather(poisoned, *healthy, return_exceptions=True)
+        after = await collect(engine, request(engine, "after", "still serving", 6))
+        await asyncio.to_thread(wait_idle, engine)
+        return results, after
+
+    return serve(engine, body)
+
+
 def test_a_raising_program_fails_only_its_frames_requests(catalog, eager):
     failed_rows = []
 
@@ -312,16 +326,7 @@ def test_a_raising_program_fails_only_its_frames_requests(catalog, eager):
         return maybe_raise
 
     engine = make_engine(catalog, eager, program_for=program_for)
-
-    async def body(engine):
-        healthy = [collect(engine, request(engine, f"h{i}", f"healthy request {i}", 16)) for i in range(3)]
-        poisoned = collect(engine, GenerationRequest("bad", (10, 11, POISON, 12), 16, GREEDY))
-        results = await asyncio.gather(poisoned, *healthy, return_exceptions=True)
-        after = await collect(engine, request(engine, "after", "still serving", 6))
-        await asyncio.to_thread(wait_idle, engine)
-        return results, after
-
-    results, after = serve(engine, body)
+    results, after = _serve_beside_a_poisoned_request(engine)
     failed = [r for r in results if isinstance(r, Exception)]
     assert isinstance(results[0], GenerationFailed) and "injected failure" in str(results[0])
     assert all(isinstance(r, GenerationFailed) for r in failed)
@@ -349,16 +354,7 @@ def test_outputs_that_break_the_contract_fail_only_their_frames_requests(catalog
         return maybe_break
 
     engine = make_engine(catalog, eager, program_for=program_for)
-
-    async def body(engine):
-        healthy = [collect(engine, request(engine, f"h{i}", f"healthy request {i}", 16)) for i in range(3)]
-        poisoned = collect(engine, GenerationRequest("bad", (10, 11, POISON, 12), 16, GREEDY))
-        results = await asyncio.gather(poisoned, *healthy, return_exceptions=True)
-        after = await collect(engine, request(engine, "after", "still serving", 6))
-        await asyncio.to_thread(wait_idle, engine)
-        return results, after
-
-    results, after = serve(engine, body)
+    results, after = _serve_beside_a_poisoned_request(engine)
     failed = [r for r in results if isinstance(r, Exception)]
     assert isinstance(results[0], GenerationFailed) and "tokens has shape" in str(results[0])
     assert len(broken_rows) == 1 and len(failed) == broken_rows[0], "exactly the rows of the broken frame fail"
