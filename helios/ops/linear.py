@@ -347,10 +347,10 @@ def _time_ahead(weights: list[torch.Tensor], rows: int, repeats: int) -> tuple[f
     return _time_bound(weights, rows, repeats, kernels.native_linear_ahead_from, other=rows + 1)
 
 
-def _ahead_rows(setting: int | None) -> int | None:
+def _ahead_rows(setting: int) -> int | None:
     from helios.ops import kernels
 
-    return None if setting is None or setting >= kernels.NEVER_AHEAD else setting
+    return None if setting >= kernels.NEVER_AHEAD else setting
 
 
 def choose_linear_kernels(weights: Iterable[torch.Tensor], environ: Mapping[str, str] = os.environ

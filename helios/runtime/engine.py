@@ -274,7 +274,7 @@ class _Finished:
     dispatched_ns: int
     # a program frame's bound inputs, outputs and device interval, read into ``result`` on the control
     # thread (``Executor.finish``); None once read, and for state programs
-    called: tuple[BoundFrame, Mapping[str, Any], int] | None = None
+    called: tuple[BoundFrame, Mapping[str, Any], int, int] | None = None  # and the call's end (A3's wall interval)
 
 
 @dataclass(frozen=True, slots=True)
@@ -853,9 +853,9 @@ class HeliosEngine:
     def _finish_frame(self, event: _Finished) -> None:
         plan = event.plan
         if event.called is not None:
-            frame, outputs, device_ns = event.called
+            frame, *called = event.called
             try:
-                result, error = self.executor.finish(frame, outputs, device_ns, event.dispatched_ns), None
+                result, error = self.executor.finish(frame, *called, event.dispatched_ns), None
             except Exception as exc:  # a broken program contract fails this frame's requests only
                 result, error = None, exc
             event = _Finished(event.fence, plan, result, error, event.dispatched_ns)

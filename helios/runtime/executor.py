@@ -416,12 +416,12 @@ class Executor:
         The frame's lane contexts say which ids end each lane and which lanes want logprobs (a
         lane without one ends on the end-of-sequence ids and gets none).
         """
-        outputs, device_ns = self.call(frame)
-        return self.finish(frame, outputs, device_ns, dispatched_ns)
+        return self.finish(frame, *self.call(frame), dispatched_ns)
 
-    def call(self, frame: BoundFrame) -> tuple[Mapping[str, torch.Tensor], int]:
-        """The program call of ``frame`` alone: its outputs as the program returned them and its device
-        interval. Nothing a later frame writes backs them: a call's outputs are tensors of its own, or (a
+    def call(self, frame: BoundFrame) -> tuple[Mapping[str, torch.Tensor], int, int]:
+        """The program call of ``frame`` alone: its outputs as the program returned them, its device
+        interval, and when the call returned (``time.monotonic_ns``: the frame's wall interval ends there,
+        A3, whenever the outputs are read). Nothing a later frame writes backs them: a call's outputs are tensors of its own, or (a
         rectangular round's ``verified_lens``) the frame's ``query_lens``, which no program or binding
         writes (``RowInputCache``); no output of the bundled catalog's programs shares storage with the
         state (checked 2026-12-05). ``finish`` reads them, on whichever thread has the time:
@@ -431,9 +431,10 @@ class Executor:
         inputs = frame.inputs
         if self.device.type != "cpu":  # on CPU the bound tensors are the program's inputs as they are
             inputs = {name: t.to(self.device, non_blocking=True) for name, t in inputs.items()}
-        return self._timed_call(program, {**inputs, **self.state})
+        outputs, device_ns = self._timed_call(program, {**inputs, **self.state})
+        return outputs, device_ns, time.monotonic_ns()
 
-    def finish(self, frame: BoundFrame, outputs: Mapping[str, torch.Tensor], device_ns: int,
+    def finish(self, frame: BoundFrame, outputs: Mapping[str, torch.Tensor], device_ns: int, ended_ns: int,
                dispatched_ns: int) -> FrameResult:
         """``frame``'s completion records from the outputs of its ``call`` (checked: FrameOutputError names a
         broken program contract)."""
@@ -444,7 +445,7 @@ class Executor:
         records = tuple(self._record(r, read, _context_of(contexts, r)) for r in frame.rows)
         logprobs = {rec.handle: read.logprobs[r.row][: len(rec.tokens)] for r, rec in zip(frame.rows, records)
                     if r.row in read.logprobs}
-        wall_ns = max(0, time.monotonic_ns() - dispatched_ns)
+        wall_ns = max(0, ended_ns - dispatched_ns)
         timing = ExecutionTiming(device_ns=max(device_ns, 1), wall_ns=wall_ns)
         return FrameResult(records, timing, logprobs, _scored_prompt(frame, read))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -130,6 +132,23 @@ class FakeProgram:
     def __call__(self, **named):
         self.calls.append(named)
         return {"tokens": torch.tensor(self.tokens), "num_tokens": torch.tensor(self.counts, dtype=torch.int32)}
+
+
+def test_A3_the_wall_interval_ends_when_the_call_returns_not_when_its_outputs_are_read():
+    """The engine's worker calls the program and the control thread reads the outputs later
+    (Executor.call, then Executor.finish): an isolated frame's service interval, max(device, wall) (A3),
+    must not grow by the wait between the two."""
+    lanes = [decode_lane(0, 1)]
+    program = FakeProgram([[7], [0], [0], [0]], [1, 0, 0, 0])  # decode_b4: four rows, one active
+    executor = Executor({"k_cache": torch.zeros(1)}, lambda graph_id: program, frozenset({99}))
+    frame = bind(plan_of(DECODE, lanes), contexts(lanes), page_table())
+    dispatched = time.monotonic_ns()
+    outputs, device_ns, ended = executor.call(frame)
+    assert dispatched <= ended <= time.monotonic_ns()
+    time.sleep(0.05)  # the frame waits for the control thread
+    result = executor.finish(frame, outputs, device_ns, ended, dispatched)
+    assert result.records[0].tokens == (7,)
+    assert result.timing.wall_ns == ended - dispatched < 50_000_000
 
 
 def test_A13_records_prompt_row_commits_its_chunk_decode_rows_cut_after_eos():
