@@ -24,10 +24,19 @@ def bench_doc(tok_s: float, ttft: float = 100.0, tpot: float = 5.0, completed: i
             "total_output_tokens": 64 * completed if output_tokens is None else output_tokens}
 
 
-def test_schedule_interleaves_systems_within_each_repetition_and_cell():
+def test_schedule_interleaves_systems_within_each_repetition_and_cell_and_varies_their_order():
     cells = [plan.Cell(4, concurrency=1), plan.Cell(8, rate=2.0)]
-    order = [(r.repetition, r.cell.key, r.system) for r in plan.schedule(["A", "B", "C"], cells, 2)]
-    assert order == [(rep, key, s) for rep in (0, 1) for key in ("c=1", "rate=2/s") for s in ("A", "B", "C")]
+    order = [(r.repetition, r.cell.key, r.system) for r in plan.schedule(["A", "B", "C"], cells, 4)]
+    rounds = {0: "ABC", 1: "CBA", 2: "BCA", 3: "ACB"}
+    assert order == [(rep, key, s) for rep in range(4) for key in ("c=1", "rate=2/s") for s in rounds[rep]]
+    # two systems (Flare off against adaptive): each goes first in half the repetitions
+    assert [plan.order(["off", "adaptive"], rep)[0] for rep in range(4)] == ["off", "adaptive", "adaptive", "off"]
+    # every place and every direct predecessor changes: no system is always run after the same one
+    for system in "ABC":
+        places = {plan.order(list("ABC"), rep).index(system) for rep in range(6)}
+        before = {tuple(plan.order(list("ABC"), rep))[plan.order(list("ABC"), rep).index(system) - 1]
+                  for rep in range(6) if plan.order(list("ABC"), rep).index(system) > 0}
+        assert places == {0, 1, 2} and len(before) == 2
 
 
 def test_cells_cover_1_4_16_and_a_rate_with_two_waves_unless_quick():
