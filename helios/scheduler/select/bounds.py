@@ -162,9 +162,18 @@ def decode_only_beaten(sel: DecisionRankings, group: Group) -> bool:
     The two take the same lanes, worth the same (positive) value; over a
     longer duration that value earns a lower rate and the waiting cost is
     larger (U6). So such a cohort never wins or ties (U8): the rectangular
-    program, scored or bounded below the best score, is ahead of it.
+    program, scored or bounded below the best score, is ahead of it. Only
+    where every member holds no more rows than there are eligible decoders:
+    a larger sibling serves fewer lanes than its batch, and U12 drops it for
+    the smaller rectangular program serving the same lanes, which may be
+    slower than the mixed one (found by the equivalence test's seed 41934).
     """
-    if not sel.source_columns(group.source).positive:
+    cols = sel.source_columns(group.source)
+    if not cols.positive:
+        return False
+    if any(batch > len(cols.idx) for _, batch in group.batches):
+        # a sibling of more rows than there are eligible decoders is padding that U12 prunes whatever its
+        # speed (a smaller rectangular program serves the same lanes), so it is ahead of nothing
         return False
     beaten = sel.derived.beaten.get(group.number)
     if beaten is None:

@@ -126,6 +126,7 @@ class CatalogInfo:
     eager_plain: tuple[Group, ...] = ()
     eager_speculative: tuple[Group, ...] = ()
     speculation_bounded: bool = False
+    carries_prompts: bool = False  # some mixed group has a prompt row (the deferred round can be charged)
     # per graph, for ragged (query-length) and prefix-limit programs: the largest batch capacity of a
     # rectangular program of the same source, logical width, kind and depth that prunes it as padding where
     # both serve all n decoders at full width (``candidates._score_one_by_one``); 0 for every other graph
@@ -171,6 +172,7 @@ def describe(graphs: Sequence[GraphDescriptor]) -> CatalogInfo:
         bounded_sources=_bounded_sources(bounded),
         eager_plain=tuple(g for g in eager if not _draws(g)), eager_speculative=speculative,
         speculation_bounded=bool(speculative or bounded) and not any(g.kind is GroupKind.MIXED for g in groups),
+        carries_prompts=any(g.kind is GroupKind.MIXED and g.prefill_capacity for g in groups),
         same_depth_dominators=same_depth,
         ragged_padded_by=_ragged_padding(graphs, infos, same_depth, group_of),
         siblings=_siblings(groups),

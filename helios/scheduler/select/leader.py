@@ -51,6 +51,7 @@ def select(
     sel.derived = described.per_durations.current(sel.t_ms)
     out = Out(len(graphs))
     skipped = []  # groups whose programs cannot win (the general path scores them)
+    charged = False  # whether the deferred round was charged (then every program must be, before ranking)
     if described.speculation_bounded:
         _score_eager(sel, described.eager_plain, graphs, timings, out, skipped)
         top = max(out.scores, default=MISSING)
@@ -62,17 +63,46 @@ def select(
             skipped += score_bounded(sel, described.bounded, graphs, timings, out)
     else:
         _score_eager(sel, described.eager, graphs, timings, out, skipped)
-        if sel.pop.defers_decode and sel.pop.decoders.handle:
-            charge_deferred_round(sel, graphs, described.eager, out)
-        if sel.pop.prompts_beside_decoders and sel.pop.decoders.handle and sel.pop.prompters.handle:
-            drop_prefill_beside_decoders(sel, graphs, described.eager, described.bounded, out)
-        skipped += score_bounded(sel, described.bounded, graphs, timings, out)
+        charged = _charge(sel, graphs, described.groups, out)
+        bounded_skipped = score_bounded(sel, described.bounded, graphs, timings, out)
+        if charged and described.bounded and not bounded_skipped:
+            # the wider groups were scored after the deferred round was charged: score every group
+            # eagerly and charge them all alike (skipping them stays right: a charge only lowers a score)
+            out, skipped = _eagerly(sel, described, graphs, timings)
+        else:
+            skipped += bounded_skipped
     fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
     if fast is not None:
         return fast
-    for group in skipped:  # the general path below ranks every program
-        score_group(sel, group, graphs, timings, out)
+    if charged:  # the general path ranks every program: each scored first, then all charged alike
+        out = Out(len(graphs))
+        for group in described.groups:
+            score_group(sel, group, graphs, timings, out)
+        _charge(sel, graphs, described.groups, out)
+    else:
+        for group in skipped:  # the general path below ranks every program
+            score_group(sel, group, graphs, timings, out)
     return _general(sel, graphs, timings, out)
+
+
+def _eagerly(sel: DecisionRankings, described: CatalogInfo, graphs, timings) -> tuple[Out, list]:
+    """Every group scored eagerly and charged: what ``select`` decides without bounding wider widths."""
+    out, skipped = Out(len(graphs)), []
+    _score_eager(sel, described.groups, graphs, timings, out, skipped)
+    _charge(sel, graphs, described.groups, out)
+    return out, skipped
+
+
+def _charge(sel: DecisionRankings, graphs, groups, out: Out) -> bool:
+    """The deferred round and the prefill-beside-decoders drop over the scored programs, read against
+    ``groups``; whether the deferred round was charged."""
+    # charged only where a mixed program may carry a prompt row (``charge_deferred_round`` does nothing else)
+    charged = bool(sel.pop.defers_decode and sel.pop.decoders.handle and sel.infos.carries_prompts)
+    if charged:  # before the drop: the deferred round reads the best prefill-only frame
+        charge_deferred_round(sel, graphs, groups, out)
+    if sel.pop.prompts_beside_decoders and sel.pop.decoders.handle and sel.pop.prompters.handle:
+        drop_prefill_beside_decoders(sel, graphs, groups, (), out)  # prefill programs only: all are eager
+    return charged
 
 
 def _score_eager(sel: DecisionRankings, groups, graphs, timings, out: Out, skipped: list) -> None:

@@ -26,7 +26,7 @@ import random
 
 import pytest
 from exhaustive import EXAMPLES, expected_tokens
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sched_harness import MS, decode, mixed, prefill, spec
 
@@ -557,15 +557,22 @@ def _bounded_case(rng: random.Random):
         prm.price.append(rng.uniform(0.05, 2))
         prm.first_token.append(rng.uniform(0, 2))
         prm.recency.append(rng.randint(0, 3))
-    return graphs, timings, Population(dec, prm, slope * len(dec) * rng.choice([0.0, 1.0]), alpha)
+    # the price-flow choices that charge a deferred round and drop prefill beside decoders (mixed catalogs)
+    return graphs, timings, Population(dec, prm, slope * len(dec) * rng.choice([0.0, 1.0]), alpha,
+                                       defers_decode=rng.random() < 0.5, prompts_beside_decoders=rng.random() < 0.5)
 
 
 @settings(max_examples=EXAMPLES * 4, deadline=None)
 @given(st.integers(0, 2**32 - 1))
+@example(11163)  # a mixed group is not "decode-only beaten" by a sibling wider than the decoders (U12 drops it)
+@example(0)  # a wider mixed group scored after the deferred round was charged to the narrower ones
+@example(185)  # a wider group the general path scores: charged as well
+@example(49984)  # a "decode-only beaten" group the general path scores: charged as well
 def test_U9_U12_skipped_wider_widths_decide_what_scoring_every_width_decides(seed):
     """Selection that bounds wider speculative widths from narrower ones and skips those that cannot
     win picks the graph, the cohort and the score that scoring every program picks, with its
-    ties (U8) and padding pruning (U12): the reference scores every group eagerly."""
+    ties (U8) and padding pruning (U12), under the deferred-round charge and the prefill-beside-decoders
+    drop (each drawn on or off): the reference scores every group eagerly."""
     graphs, timings, population = _bounded_case(random.Random(seed))
     described = describe(graphs)
     everything = dataclasses.replace(described, eager=described.groups, bounded=(), speculation_bounded=False,
