@@ -157,31 +157,45 @@ def _first_gains(sel: DecisionRankings, source: str) -> list[float]:
 
 def decode_only_beaten(sel: DecisionRankings, group: Group) -> bool:
     """Whether every program of a mixed ``group`` scores its decoders-only cohort strictly below
-    a rectangular program of the same source, width and batch measured faster.
+    a rectangular program of the same source and width that serves the same lanes, measured faster.
 
-    The two take the same lanes, worth the same (positive) value; over a
-    longer duration that value earns a lower rate and the waiting cost is
-    larger (U6). So such a cohort never wins or ties (U8): the rectangular
-    program, scored or bounded below the best score, is ahead of it. Only
-    where every member holds no more rows than there are eligible decoders:
-    a larger sibling serves fewer lanes than its batch, and U12 drops it for
-    the smaller rectangular program serving the same lanes, which may be
-    slower than the mixed one (found by the equivalence test's seed 41934).
+    A member of batch B takes k = min(B, m) of the m eligible decoders. Of the
+    rectangular programs holding k rows, U12 keeps those of the smallest batch
+    (a larger one serves the same k lanes with more padding, and is dropped
+    whatever its speed), so only they can be ahead of the member. Such a
+    program takes the same lanes, worth the same (positive) value; over a
+    shorter duration that value earns a higher rate and the waiting cost is
+    smaller (U6). So where one of them is measured faster, the member's cohort
+    never wins or ties (U8): the rectangular program, scored or bounded below
+    the best score, is ahead of it. (Until 2026-12-05 the same-batch program
+    was read as the one ahead even where it is padding U12 drops: with fewer
+    decoders than its batch, the smaller program that serves them may be
+    slower than the mixed one.)
     """
     cols = sel.source_columns(group.source)
     if not cols.positive:
         return False
-    if any(batch > len(cols.idx) for _, batch in group.batches):
-        # a sibling of more rows than there are eligible decoders is padding that U12 prunes whatever its
-        # speed (a smaller rectangular program serves the same lanes), so it is ahead of nothing
+    siblings = sel.infos.siblings.get(group.number)
+    if siblings is None:
         return False
-    beaten = sel.derived.beaten.get(group.number)
+    m = len(cols.idx)
+    key = (group.number, min(m, max(b for _, b in group.batches)))  # the answer depends on m only up to the largest B
+    beaten = sel.derived.beaten.get(key)
     if beaten is None:
-        durations, siblings = sel.t_ms, sel.infos.siblings.get(group.number)
-        beaten = sel.derived.beaten[group.number] = siblings is not None and all(
-            durations[index] > 0.0 and any(0.0 < durations[other] < durations[index] for other in others)
-            for index, others in zip(group.members, siblings))
+        beaten = sel.derived.beaten[key] = all(_member_beaten(sel.t_ms, index, min(batch, m), siblings)
+                                                for index, batch in group.batches)
     return beaten
+
+
+def _member_beaten(durations, index: int, k: int, siblings) -> bool:
+    """Whether a rectangular program of the smallest batch holding ``k`` rows is measured faster than ``index``."""
+    t = durations[index]
+    if t <= 0.0:
+        return False
+    for batch, others in siblings:
+        if batch >= k:
+            return any(0.0 < durations[other] < t for other in others)
+    return False
 
 
 def speculation_cannot_reach(sel: DecisionRankings, groups: Sequence[Group], top: float) -> bool:

@@ -71,12 +71,12 @@ class PerDurations:
     The list is never mutated once handed out (``CatalogTiming`` builds a new one
     when a duration changes), so its identity says whether these still hold.
 
-    ``beaten``: group number -> whether ``bounds.decode_only_beaten`` holds;
+    ``beaten``: (group number, eligible decoders up to its largest batch) -> ``bounds.decode_only_beaten``;
     ``bound_rows``: (source, w0, positive) -> ``bounds.flat_bound_rows`` (None: a duration unknown).
     """
 
     durations: Sequence[float] | None = None
-    beaten: dict[int, bool] = field(default_factory=dict)
+    beaten: dict[tuple[int, int], bool] = field(default_factory=dict)
     bound_rows: dict[tuple, object] = field(default_factory=dict)
 
     def current(self, durations: Sequence[float]) -> "PerDurations":
@@ -118,8 +118,9 @@ class CatalogInfo:
     bounded: tuple[Group, ...] = ()
     group_of: tuple[Group | None, ...] = ()  # per graph: its group (None for graphs no group scores)
     same_depth_dominators: tuple[tuple[int, ...], ...] = ()  # ``dominators`` of the graph's proposal depth
-    # number of a mixed group -> per member, the rectangular programs of the same source, width and batch
-    siblings: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict, compare=False, repr=False)
+    # number of a mixed group -> the rectangular programs of its source and width, by batch (ascending)
+    siblings: dict[int, tuple[tuple[int, tuple[int, ...]], ...]] = field(default_factory=dict, compare=False,
+                                                                          repr=False)
     bounded_sources: tuple[BoundedSource, ...] = ()
     # ``eager`` split for ``select`` where ``speculation_bounded``: the speculative groups (rectangular, ragged
     # and prefix-limit programs that draw proposals) and the rest; only in catalogs without mixed programs
@@ -220,17 +221,18 @@ def _bounded_sources(bounded: Sequence[Group]) -> tuple[BoundedSource, ...]:
                  for source, members in sources.items())
 
 
-def _siblings(groups: Sequence[Group]) -> dict[int, tuple[tuple[int, ...], ...]]:
-    """Per mixed group: for each member, the rectangular programs of its source, width and batch."""
-    rectangular: dict[tuple, list[int]] = {}
+def _siblings(groups: Sequence[Group]) -> dict[int, tuple[tuple[int, tuple[int, ...]], ...]]:
+    """Per mixed group of a source and width with rectangular programs: those programs by batch capacity,
+    ascending, as (batch, catalog indices)."""
+    rectangular: dict[tuple, dict[int, list[int]]] = {}
     for group in groups:
         if group.kind is GroupKind.RECTANGULAR:
             for index, batch in group.batches:
-                rectangular.setdefault((group.source, group.width, batch), []).append(index)
+                rectangular.setdefault((group.source, group.width), {}).setdefault(batch, []).append(index)
     return {
-        group.number: tuple(tuple(rectangular[(group.source, group.width, b)]) for _, b in group.batches)
+        group.number: tuple((b, tuple(ix)) for b, ix in sorted(rectangular[(group.source, group.width)].items()))
         for group in groups
-        if group.kind is GroupKind.MIXED and all((group.source, group.width, b) in rectangular for _, b in group.batches)
+        if group.kind is GroupKind.MIXED and (group.source, group.width) in rectangular
     }
 
 
