@@ -74,7 +74,7 @@ def select(
     fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
     if fast is not None:
         return fast
-    if charged:  # the general path ranks every program: each scored first, then all charged alike
+    if charged and skipped:  # the general path ranks every program: each scored first, then all charged alike
         out = Out(len(graphs))
         for group in described.groups:
             score_group(sel, group, graphs, timings, out)
