@@ -14,7 +14,7 @@ CHOICE_FIELDS = ("token_rate_by_value", "prompt_chunk_share", "prefill_defers_de
                  "prompt_outside_rate", "prompts_shortest_first", "queue_ahead_by_host_time",
                  "prompts_beside_decoders", "prompts_by_due", "extrapolate_unobserved_depths",
                  "probes_win_as_plans", "acceptance_from_population", "population_gate_by_evidence",
-                 "population_bounds_probes", "prefill_fills_second_slot")
+                 "population_bounds_probes", "prefill_fills_second_slot", "finishing_prompts_fill_rows")
 
 # The spec's three ways to run speculation ("ordinary, fixed-width, and adaptive speculative
 # execution"): ``off`` runs no speculative program; ``fixed`` runs one verification width and never
@@ -110,6 +110,14 @@ class PolicyConfig:
     # first plan made after its completion (0: A7's text, prefill drains the window; docs/scheduling-utility.md,
     # "Departures from the spec")
     prefill_fills_second_slot: int = 1
+    # 1: a measured decode round gives way to the best measured prefill program whose prompts then decode
+    # beside its decoders, where that order (the prefill, then the round holding them, for one adaptation
+    # time's rounds) earns more per ms than the round's rounds first, the prefill paying the age it adds
+    # to the decoders'; a chunk that leaves prompt behind only if the whole prompt fits that time. Where
+    # the new decoders fill idle rows, U6 prices both orders alike but for their lanes (0: U6's value rate
+    # alone, which prices the chunk against the round and not the rows it fills;
+    # docs/scheduling-utility.md, "Departures from the spec", 16)
+    finishing_prompts_fill_rows: int = 1
     # K2 (spec scheduler_checkpoint_extra_work_fraction): extra prefill cuts and snapshot copies fit this
     # share of a request's estimated uncached prefill work
     checkpoint_extra_work_fraction: float = 0.05

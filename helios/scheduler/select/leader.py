@@ -17,12 +17,14 @@ which reaches the same answer.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from flare_contract.graphs import GraphDescriptor, GraphKind
 from helios.scheduler.select import dominance
 from helios.scheduler.select.bounds import decode_only_beaten, score_bounded, speculation_cannot_reach
-from helios.scheduler.select.candidates import SCORERS, Candidate, Deferred, FlatIndex, Scored, decode_lanes, score_group
+from helios.scheduler.select.candidates import (SCORERS, Candidate, Deferred, FlatIndex, Scored, built_prefill, decode_lanes,
+                                                prefill_candidate, score_group)
 from helios.scheduler.select.catalog import CatalogInfo, Group, GroupKind, describe
 from helios.scheduler.select.choice import Choice
 from helios.scheduler.select.population import Population
@@ -73,7 +75,7 @@ def select(
             skipped += bounded_skipped
     fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
     if fast is not None:
-        return fast
+        return _fill_idle_rows(sel, graphs, timings, fast) if sel.pop.fills_idle_rows else fast
     if charged and skipped:  # the general path ranks every program: each scored first, then all charged alike
         out = Out(len(graphs))
         for group in described.groups:
@@ -82,7 +84,90 @@ def select(
     else:
         for group in skipped:  # the general path below ranks every program
             score_group(sel, group, graphs, timings, out)
-    return _general(sel, graphs, timings, out)
+    best = _general(sel, graphs, timings, out)
+    return _fill_idle_rows(sel, graphs, timings, best) if sel.pop.fills_idle_rows else best
+
+
+def _fill_idle_rows(sel: DecisionRankings, graphs, timings, choice: Choice | None) -> Choice | None:
+    """``PolicyConfig.finishing_prompts_fill_rows``: a measured decode round D gives way to the best
+    measured prefill program P (as the prompters' ranking scores each alone) whose prompts would then
+    decode beside D's decoders, where the sequence that starts with P earns more per ms.
+
+    Let D' be the round with the new decoders in it: D itself where they fit its idle rows, else the
+    smallest measured decode program that holds them all. A prompt U6 defers waits about N rounds,
+    N = adaptation time / T_D (prices move on the adaptation time; at least one). Compare D x N, P, D'
+    with P, D' x (N + 1). U6's waiting cost and age credits sum alike over both orders where D' is D;
+    P first serves the new decoders' lanes (each its first output token's value) N rounds more. The
+    decoders wait one T_P either way, but P first adds it to the ages A_i they already have: at the age
+    cost U6 integrates (c * A per ms of age, so c * G^2 / 2 over a gap G) that costs sum_i c * A_i * T_P
+    more. A chunk that leaves prompt behind stands for the whole prompt (T_P its least prefill time),
+    which must fit the adaptation time. U6's value rate reads each program alone and prices P against
+    D, not the rows P fills: a prompt whose first chunk made it look served then waits rounds that run
+    short (issue 22's closed loops at 4 and 16 streams). Where a mixed program carries a prompt row,
+    the prompt rides beside the decoders and this rarely applies (docs/scheduling-utility.md,
+    "Departures from the spec", 16).
+    """
+    if choice is None or choice.graph.kind is not GraphKind.DECODE or not choice.timing.known:
+        return choice
+    p = sel.pop.prompters
+    if not p.handle:
+        return choice
+    best = None  # the best measured prefill program, as the prompters' own ranking would pick it
+    for index in sel.infos.prefill_graphs:
+        graph, timing = graphs[index], timings[index]
+        if timing.known and (entry := prefill_candidate(sel, index, graph, timing)) is not None:
+            if best is None or entry[0][1] > best[0][1]:
+                best = entry
+    if best is None:
+        return choice
+    (_, value), index, prompts = best
+    graph, timing = graphs[index], timings[index]
+    candidate = built_prefill(sel, index, graph, timing, value, prompts)
+    rows = prompts.ranked.order[:candidate.served]
+    # each row's prompt must then decode (a cut prompt, or one with no output room, does not)
+    if not all(p.first_token[i] > 0.0 for i in rows):
+        return choice
+    t_d = choice.timing.duration_ns / 1e6
+    after = _round_holding(graphs, timings, len(choice.lanes) + len(rows), choice)
+    if after is None:
+        return choice
+    t_after = after.duration_ns / 1e6
+    # the time to finish the rows' prompts: this program's if it finishes them, else the least time to
+    # prefill what is left; a prompt that takes longer than the adaptation time is not one the next
+    # rounds lose
+    t_ms = timing.duration_ns / 1e6
+    t_fin = max(t_ms if prompts.tokens[i] == p.remaining[i] else (
+        p.times.ms(p.remaining[i]) if p.times is not None else math.inf) for i in rows)
+    horizon = sel.pop.adaptation_ms
+    if t_fin > max(horizon, t_ms):
+        return choice
+    d = sel.pop.decoders
+    # sum of c * A_i over the decoders (A_i = age credit / age slope; an unmeasured slope reads A = 0)
+    aged = sel.pop.age_price * sum(credit / slope for credit, slope in zip(d.age_credit, d.age_slope) if slope > 0.0)
+    n = max(1.0, horizon / t_d)
+    v_d = choice.score * t_d
+    v_after = v_d + sum(p.first_token[i] for i in rows)
+    v_p = value * t_fin
+    deferred = (n * v_d + v_p + v_after) / (n * t_d + t_fin + t_after)
+    first = (v_p + (n + 1.0) * v_after - aged * t_fin) / (t_fin + (n + 1.0) * t_after)
+    if first <= deferred:
+        return choice
+    lanes, prefill_row = candidate.build()
+    return Choice(graph, lanes, timing, value, decision_log_scale(abs(value)), prefill_row, sel)
+
+
+def _round_holding(graphs, timings, rows: int, current: Choice) -> GraphTiming | None:
+    """The timing of the decode round after the prefill: ``current``'s where ``rows`` fit it, else the
+    smallest measured decode program holding them (the fastest of equal batches); None if none does."""
+    if rows <= current.graph.batch_capacity:
+        return current.timing
+    found = None
+    for graph, timing in zip(graphs, timings):
+        if graph.kind is GraphKind.DECODE and timing.known and graph.batch_capacity >= rows:
+            key = (graph.batch_capacity, timing.duration_ns)
+            if found is None or key < found[0]:
+                found = key, timing
+    return None if found is None else found[1]
 
 
 def _eagerly(sel: DecisionRankings, described: CatalogInfo, graphs, timings) -> tuple[Out, list]:

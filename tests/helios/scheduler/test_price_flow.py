@@ -78,8 +78,9 @@ def _first_output_plans(policy: PolicyConfig):
 def test_a_prompt_beside_decoders_is_not_split_into_a_waiting_tail(share):
     """131 tokens while three streams decode. With the chunk share the prompt is prefilled whole in
     one P256 and publishes at once; with the spec text's token value (share off) P128 takes 128
-    tokens and the 3-token tail loses to decode rounds for many frames."""
-    policy = dataclasses.replace(PolicyConfig(), prompt_chunk_share=share)
+    tokens and the 3-token tail loses to decode rounds for many frames. (``finishing_prompts_fill_rows``
+    off, which would move that tail too: ``test_idle_rows.py``.)"""
+    policy = dataclasses.replace(PolicyConfig(), prompt_chunk_share=share, finishing_prompts_fill_rows=0)
     d, streams, prompt = _first_output_plans(policy)
     chunks = [e for e in d.executed if any(l.handle == prompt for l in e.plan.lanes)
               and e.plan.graph.kind is GraphKind.PREFILL]
