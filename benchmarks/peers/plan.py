@@ -1,13 +1,17 @@
 """What is measured and in which order: the benchmark cells, their interleaving, the ``flare bench`` command.
 
 Systems are interleaved within each repetition and cell, and the order changes
-between repetitions: reversed in every second one, rotated by one every two
-(A B C, C B A, B C A, A C B, ...). So a slow drift of the machine (another
-process, thermal state) spreads over every system, and no system always runs
-in the same place or right after the same other one. (Measured: with a fixed
-order, Flare with adaptive speculation, always run straight after Flare with
-it off, read 0.96-0.97x of it at one stream; alternating which went first,
-the two read 1.00x.)
+between repetitions as the rows of a Williams design (a Latin square balanced
+for the predecessor): over n repetitions of n systems (2n where n is odd) each
+system runs once in every place and right after every other system equally
+often. So a slow drift of the machine spreads over every system, and so does
+what one server leaves behind for the next: vLLM's server keeps a core partly
+busy after its run, and with the earlier order (reversed every second
+repetition, rotated every two) Flare with adaptive speculation ran right after
+vLLM in two of four repetitions and Flare with it off in none; adaptive read
+0.85-0.89x of off in exactly those two, 0.99-1.01x in the others.
+(Earlier still, with one fixed order, adaptive always ran straight after off
+and read 0.96-0.97x of it at one stream; alternating, 1.00x.)
 """
 
 from __future__ import annotations
@@ -53,10 +57,25 @@ def schedule(systems: list[str], cells: list[Cell], repetitions: int) -> list[Ru
 
 
 def order(systems: list[str], repetition: int) -> list[str]:
-    """The systems rotated left by ``repetition // 2``, reversed when ``repetition`` is odd."""
-    shift = (repetition // 2) % len(systems) if systems else 0
-    rotated = systems[shift:] + systems[:shift]
-    return rotated[::-1] if repetition % 2 else rotated
+    """Row ``repetition`` of a Williams design over the systems (rows repeat after n, or 2n for odd n).
+
+    Row r is (r + b) mod n for b in 0, 1, n-1, 2, n-2, ...; for odd n the reversed rows follow. Each
+    system takes every place once per n rows, and each ordered pair of systems is adjacent equally often.
+    """
+    n = len(systems)
+    if n < 2:
+        return list(systems)
+    base, low, high = [0], 1, n - 1
+    while len(base) < n:
+        base.append(low)
+        low += 1
+        if len(base) < n:
+            base.append(high)
+            high -= 1
+    cycle = 2 * n if n % 2 else n
+    r = repetition % cycle
+    row = [(r % n + b) % n for b in base]
+    return [systems[i] for i in (row[::-1] if r >= n else row)]
 
 
 def bench_argv(flare: Path, url: str, dataset: Path, cell: Cell, out: Path, seed: int) -> list[str]:
