@@ -775,7 +775,7 @@ class Scheduler:
                               prompts_beside_decoders=bool(policy.prompts_beside_decoders) and self._shares_frames,
                               shortest_prompts_first=self._shortest_first,
                               prompts_by_due=self._by_due,
-                              fills_idle_rows=bool(policy.finishing_prompts_fill_rows), age_price=c,
+                              prompts_join_rounds=bool(policy.finishing_prompts_fill_rows), age_price=c,
                               adaptation_ms=policy.adaptation_ms,
                               scored=scored if scored.handle else None)
 

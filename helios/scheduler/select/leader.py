@@ -75,7 +75,7 @@ def select(
             skipped += bounded_skipped
     fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
     if fast is not None:
-        return _fill_idle_rows(sel, graphs, timings, fast) if sel.pop.fills_idle_rows else fast
+        return _prompts_join_round(sel, graphs, timings, fast) if sel.pop.prompts_join_rounds else fast
     if charged and skipped:  # the general path ranks every program: each scored first, then all charged alike
         out = Out(len(graphs))
         for group in described.groups:
@@ -85,10 +85,10 @@ def select(
         for group in skipped:  # the general path below ranks every program
             score_group(sel, group, graphs, timings, out)
     best = _general(sel, graphs, timings, out)
-    return _fill_idle_rows(sel, graphs, timings, best) if sel.pop.fills_idle_rows else best
+    return _prompts_join_round(sel, graphs, timings, best) if sel.pop.prompts_join_rounds else best
 
 
-def _fill_idle_rows(sel: DecisionRankings, graphs, timings, choice: Choice | None) -> Choice | None:
+def _prompts_join_round(sel: DecisionRankings, graphs, timings, choice: Choice | None) -> Choice | None:
     """``PolicyConfig.finishing_prompts_fill_rows``: a measured decode round D gives way to the best
     measured prefill program P (as the prompters' ranking scores each alone) whose prompts would then
     decode beside D's decoders, where the sequence that starts with P earns more per ms.
@@ -122,8 +122,7 @@ def _fill_idle_rows(sel: DecisionRankings, graphs, timings, choice: Choice | Non
         return choice
     (_, value), index, prompts = best
     graph, timing = graphs[index], timings[index]
-    candidate = built_prefill(sel, index, graph, timing, value, prompts)
-    rows = prompts.ranked.order[:candidate.served]
+    rows = prompts.ranked.order[:prompts.served(graph)]
     # each row's prompt must then decode (a cut prompt, or one with no output room, does not)
     if not all(p.first_token[i] > 0.0 for i in rows):
         return choice
@@ -152,7 +151,7 @@ def _fill_idle_rows(sel: DecisionRankings, graphs, timings, choice: Choice | Non
     first = (v_p + (n + 1.0) * v_after - aged * t_fin) / (t_fin + (n + 1.0) * t_after)
     if first <= deferred:
         return choice
-    lanes, prefill_row = candidate.build()
+    lanes, prefill_row = built_prefill(sel, index, graph, timing, value, prompts).build()
     return Choice(graph, lanes, timing, value, decision_log_scale(abs(value)), prefill_row, sel)
 
 

@@ -112,9 +112,9 @@ class Population:
     # ``PolicyConfig.prompts_by_due``: prompt rows go to the prompters of the earliest ``Prompters.due``
     # (``rankings.DecisionRankings.prompt_ranking``); takes precedence over ``shortest_prompts_first``
     prompts_by_due: bool = False
-    # ``PolicyConfig.finishing_prompts_fill_rows``: a measured decode winner with idle rows gives way to the
-    # best measured prefill program that finishes a prompt into one (``leader.select``); False: it does not
-    fills_idle_rows: bool = False
+    # ``PolicyConfig.finishing_prompts_fill_rows``: a measured decode winner gives way to the best measured
+    # prefill program whose prompts then join its round, where that order earns more (``leader.select``)
+    prompts_join_rounds: bool = False
     age_price: float = 0.0  # c (U6), every decoder's: the cost per ms of a decoder's age A is c*A
     adaptation_ms: float = 0.0  # PolicyConfig.adaptation_ms: the time over which prices move
     # Prompters whose prompt must be scored (``AdmitRequest.scored_prompt``): ranked only for

@@ -80,7 +80,7 @@ def _decision(ages_ms: float, decoders: int = 3, remaining: int = 64, times: Pre
     p.price.append(1.5)
     p.first_token.append(first_token)
     p.recency.append(10)
-    population = Population(d, p, AGE_PRICE * decoders, fills_idle_rows=fills, age_price=AGE_PRICE,
+    population = Population(d, p, AGE_PRICE * decoders, prompts_join_rounds=fills, age_price=AGE_PRICE,
                             adaptation_ms=adaptation_ms)
     choice = select(graphs, timings, population)
     assert choice is not None
