@@ -56,7 +56,7 @@ class IncrementalDecoder:
         return after[len(before):] if len(after) > len(before) else ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class Released:
     """Text safe to deliver now, and whether a stop string ended the output."""
 

@@ -265,7 +265,7 @@ class _Cancel:
     request_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class _Finished:
     fence: int
     plan: ScheduledPlan

@@ -167,7 +167,7 @@ class TokenLogprob:
     rank: int | None = None  # prompt scores: the token's rank (1: most likely) when among the programs' top
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class TextDelta:
     """Newly published output: text, the token ids it came from, and maybe the end."""
 

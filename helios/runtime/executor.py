@@ -118,7 +118,7 @@ def int64_seed(seed: int) -> int:
     return (seed - INT64_RANGE[0]) % 2**64 + INT64_RANGE[0]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class LaneContext:
     """What a lane's request contributes beyond the plan: its prompt, drafts and sampling."""
 
@@ -129,7 +129,7 @@ class LaneContext:
     logprobs: bool = False  # read the logprob outputs of this lane's tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class BoundRow:
     """How one lane was laid out in the frame."""
 
@@ -140,7 +140,7 @@ class BoundRow:
     offered: int  # drafts the host asked to verify (decode rows); the program's verified_lens has the last word
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class BoundFrame:
     """A plan bound to host tensors, ready for the device."""
 
@@ -150,7 +150,7 @@ class BoundFrame:
     contexts: Mapping = field(default_factory=dict)  # lane handle -> LaneContext (stop ids, logprobs wanted)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class FrameResult:
     records: tuple[CompletionRecord, ...]
     timing: ExecutionTiming

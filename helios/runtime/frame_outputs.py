@@ -32,7 +32,7 @@ class FrameOutputError(ValueError):
     """A program returned outputs that break the program contract."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class FrameOutputs:
     """One frame's outputs on the host, by row (and by slot for confidence)."""
 

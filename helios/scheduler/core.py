@@ -746,13 +746,15 @@ class Scheduler:
             estimates=[s.estimates for s in states],
         )
         times = self._timing.prefill_times(timings) if policy.prompt_chunk_share else None
-        prm, scored = Prompters(times=times), Prompters(times=times)
+        prm, scored = Prompters(times=times), None  # scored prompters: built only when there are some
         for s, room in prompting:
             handle, x = s.handle, self._queue.projected_token_rate(s)
             congestion = f / x
             position = s.prompt_done
             cut = self._snapshot_cut(s, position, timings)  # K2: an armed point ends this prompt's lanes
-            into = scored if s.request.scored_prompt else prm  # scored prompts run only in scored programs (C1)
+            into = prm
+            if s.request.scored_prompt:  # scored prompts run only in scored programs (C1)
+                into = scored = scored if scored is not None else Prompters(times=times)
             into.handle.append(handle)
             into.start.append(position)
             into.remaining.append((cut or s.request.prompt_tokens) - position)
@@ -777,7 +779,7 @@ class Scheduler:
                               prompts_by_due=self._by_due,
                               prompts_join_rounds=bool(policy.finishing_prompts_fill_rows), age_price=c,
                               adaptation_ms=policy.adaptation_ms,
-                              scored=scored if scored.handle else None)
+                              scored=scored)
 
     def _apply_choices(self) -> None:
         """The price-flow choices that need a frame serving decoders beside a prompt (see __init__)."""

@@ -48,7 +48,7 @@ class CostEntry:
     last_attempt_ns: int | None = None  # last committed dispatch, scheduler clock
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class Standing:
     """One program's estimate as selection reads it at one instant, and until when it holds."""
 

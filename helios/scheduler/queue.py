@@ -62,7 +62,7 @@ def release(state, lane: PlannedLane, graph: GraphDescriptor) -> None:
     state.queued_output -= lane_output_bound(lane, graph)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class Frame:
     """A committed plan awaiting completion, with what accounting needs (A1, A10)."""
 

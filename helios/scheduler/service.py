@@ -172,7 +172,7 @@ def fair_token_rate(normalizer: float | None, participants: int) -> float:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class DeliveryFamily:
     """Delivery-bearing streams that the same programs can serve together.
 
@@ -191,7 +191,7 @@ class DeliveryFamily:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class ShapeTiming:
     """A measured program that can serve a family: its duration and batch capacity."""
 

@@ -482,7 +482,7 @@ class PrefixSurvival:
         return tuple(totals)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class CompletedRound:
     """One lane's validated outcome of one completed round, as the estimates need it.
 

@@ -115,7 +115,7 @@ class PlannedLane:
         return lanes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class PlanTrace:
     """What a plan looked like when it was chosen (spec A12), for traces and metrics.
 
@@ -137,7 +137,7 @@ class PlanTrace:
     acceptance_learning_credit_ns: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class ScheduledPlan:
     """An immutable decision: the program, its lanes, and why (spec A6, A12)."""
 
@@ -160,7 +160,7 @@ class ScheduledPlan:
         return self.log_scale
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class CompletionRecord:
     """What the program did for one lane, as the executor reports it."""
 
@@ -173,7 +173,7 @@ class CompletionRecord:
     survival: tuple[float, ...] | None = None  # completion_speculative_survival
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class ExecutionTiming:
     """Measured intervals of one executed frame (spec A3, D3)."""
 
@@ -182,7 +182,7 @@ class ExecutionTiming:
     readiness_delay_ns: int = 0  # exposed embedding-delivery delay, if measured
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class GeneratedToken:
     """Tokens a completion committed for one request, ready to detokenize."""
 

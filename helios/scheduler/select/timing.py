@@ -17,7 +17,7 @@ from flare_contract.graphs import GENERATION_KINDS, GraphDescriptor
 from helios.scheduler.types import LanePhase, PlannedLane
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per-frame: not frozen (docs/runtime.md, "Per-frame records")
 class GraphTiming:
     """What the cost table knows about one graph at this decision (D2, D5)."""
 
