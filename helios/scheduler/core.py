@@ -1076,6 +1076,13 @@ class Scheduler:
         Only rounds that offered drafts teach acceptance; width-one rounds only age.
         """
         confidence, survival = sidecar
+        if record.offered == 0 and confidence is None and survival is None and record.tokens:
+            # a round that offered no drafts and wrote no row only ages: ``RequestAcceptance.complete`` of
+            # such a round, with one aging factor for everything (most lanes of a speculating server)
+            factor = aging_factor(len(record.tokens))
+            state.acceptance.age_by(factor)
+            self._age_survival(state, factor)
+            return
         outcome = CompletedRound(
             source=(graph.proposal_source or "learned") if record.offered > 0 else None,
             generated_tokens=len(record.tokens),

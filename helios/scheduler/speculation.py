@@ -440,7 +440,10 @@ class PrefixSurvival:
 
     def age(self, generated_tokens: int) -> None:
         """Decay every depth's weight, the prior's included, for tokens generated (half-life 128)."""
-        factor = aging_factor(generated_tokens)
+        self.age_by(aging_factor(generated_tokens))
+
+    def age_by(self, factor: float) -> None:
+        """``age`` with its ``aging_factor`` already computed (the same products)."""
         self.prior_weight *= factor
         for estimate in self.depths:
             estimate.weight *= factor
@@ -597,11 +600,16 @@ class RequestAcceptance:
 
     def age(self, generated_tokens: int) -> None:
         """Age every source, and the forecast, by tokens the request generated (any phase, any source)."""
-        self.prior_weight *= aging_factor(generated_tokens)
+        self.age_by(aging_factor(generated_tokens))
+
+    def age_by(self, factor: float) -> None:
+        """``age`` with its ``aging_factor`` computed once for the request, its sources and its forecast
+        (each used to compute the same float again)."""
+        self.prior_weight *= factor
         for estimates in self.by_source.values():
-            estimates.age(generated_tokens)
+            estimates.age_by(factor)
         if self.forecast is not None:
-            self.forecast.age(generated_tokens)
+            self.forecast.age_by(factor)
 
 
 @dataclass(slots=True)
