@@ -9,10 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helios.scheduler.speculation import (
+    CompletedRound,
     OutputBounds,
     PopulationPrior,
     PrefixSurvival,
     RequestAcceptance,
+    aging_factor,
     round_observations,
 )
 
@@ -221,6 +223,31 @@ def test_S6_S8_a_completed_round_ages_before_it_observes():
     assert learned.survival(1) == pytest.approx((1.0 * 0.5 + 1.0) / 2.0)
     acceptance.complete_round(None, generated_tokens=128, offered=0, accepted=0, terminated=False)
     assert learned.weight(1) == pytest.approx(1.0)  # ordinary rounds only age
+
+
+@pytest.mark.parametrize("generated", [1, 3, 64])
+def test_S6_S8_a_plain_round_aged_by_one_factor_leaves_what_completing_it_leaves(generated):
+    """``age_by(aging_factor(n))`` (the core's path for a round that offered no drafts) and ``complete``
+    of that round leave the same floats in every source, the prior and the forecast."""
+    states = [RequestAcceptance(), RequestAcceptance()]
+    populations = [PopulationPrior(), PopulationPrior()]  # a forecast round folds into its population too
+    for acceptance, population in zip(states, populations):  # the same history: two sources, a forecast
+        acceptance.complete_round("learned", generated_tokens=3, offered=3, accepted=2, terminated=False)
+        acceptance.complete_round("copy", generated_tokens=1, offered=2, accepted=0, terminated=False)
+        acceptance.complete(CompletedRound("learned", 2, offered=2, accepted=1, confidence=((0.9, 0.6),),
+                                           ceiling=3), population)
+    by_complete, by_factor = states
+    unaged = by_factor.prior_weight
+    by_complete.complete(CompletedRound(None, generated), populations[0])
+    by_factor.age_by(aging_factor(generated))
+
+    def floats(acceptance):
+        rows = {name: acceptance.source(name).means_and_weights(4) for name in ("learned", "copy")}
+        return acceptance.prior_weight, rows, acceptance.forecast.means_and_weights(4)
+
+    assert by_complete.forecast is not None
+    assert floats(by_factor) == floats(by_complete)  # exactly: the same products in the same order
+    assert by_factor.prior_weight < unaged  # not vacuous: the round aged them
 
 
 def test_S8_state_depends_on_history_not_on_what_was_read():
