@@ -752,9 +752,12 @@ class Scheduler:
             congestion = f / x
             position = s.prompt_done
             cut = self._snapshot_cut(s, position, timings)  # K2: an armed point ends this prompt's lanes
-            into = prm
             if s.request.scored_prompt:  # scored prompts run only in scored programs (C1)
-                into = scored = scored if scored is not None else Prompters(times=times)
+                if scored is None:
+                    scored = Prompters(times=times)
+                into = scored
+            else:
+                into = prm
             into.handle.append(handle)
             into.start.append(position)
             into.remaining.append((cut or s.request.prompt_tokens) - position)
