@@ -1,12 +1,13 @@
 """Issue 20, item 4: stalls and first outputs on a live ``flare run``, per scheduler policy.
 
     .venv/bin/python benchmarks/live_schedule.py [--port 8731] [--threads 1] [--repeats 1]
-        [--policy before=prefill_defers_decode=0] [--policy after=] [--catalog FOLDER]
+        [--policy before=prefill_defers_decode=0] [--policy after=] [--catalog FOLDER [--trust-catalog]]
 
 For each policy (a label and a comma-separated list of ``--scheduler-choice`` items, empty for the
 defaults) it starts ``flare run`` on the bundled model, or on the catalog folder ``--catalog`` names (a
 flare-tiny capture with ``--mixed-prefill``, say: the bundled catalog has no mixed programs, so the
-deferred round never applies there) (``--threads 1``, loopback), waits for
+deferred round never applies there; a compiled catalog also needs ``--trust-catalog``, which is passed on
+to ``flare run``) (``--threads 1``, loopback), waits for
 ``/health``, warms the server up (one 3,000-token prompt and six short requests, unmeasured), and
 runs two scenarios over streamed ``/v1/completions``:
 
@@ -145,8 +146,11 @@ def _check(streams: list[Stream]) -> None:
         raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
 
 
-def serve(port: int, threads: int, choices: list[str], catalog: str | None = None) -> subprocess.Popen:
+def serve(port: int, threads: int, choices: list[str], catalog: str | None = None,
+          trust: bool = False) -> subprocess.Popen:
     flags = [flag for item in choices for flag in ("--scheduler-choice", item)]
+    if trust:
+        flags.append("--trust-catalog")
     command = [sys.executable, "-m", "helios.cli", "run", *([catalog] if catalog else []),
                "--port", str(port), "--threads", str(threads),
                "--disable-log-requests", "--log-stats-interval", "0", *flags]
@@ -198,12 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", action="append", default=None,
                         help="LABEL=choice,choice (--scheduler-choice items); repeatable")
     parser.add_argument("--catalog", help="catalog folder for flare run (default: the bundled model)")
+    parser.add_argument("--trust-catalog", action="store_true",
+                        help="pass --trust-catalog to flare run: a compiled catalog (AOTInductor packages) "
+                             "loads only with it (docs/catalog-format.md, \"Trust\")")
     args = parser.parse_args(argv)
+    if args.trust_catalog and not args.catalog:
+        print("error: --trust-catalog needs --catalog (the bundled model is trusted already)", file=sys.stderr)
+        return 2
     policies = [parse_policy(p) for p in (args.policy or ["before=prefill_defers_decode=0", "after="])]
     for repeat in range(args.repeats):
         order = policies if repeat % 2 == 0 else policies[::-1]
         for label, choices in order:
-            server = serve(args.port, args.threads, choices, args.catalog)
+            server = serve(args.port, args.threads, choices, args.catalog, args.trust_catalog)
             try:
                 model = model_name(args.port)
                 warm_up(args.port, model)
