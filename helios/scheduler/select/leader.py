@@ -75,7 +75,7 @@ def select(
             skipped += bounded_skipped
     fast = _measured_leader(sel, Scored(sel, graphs, timings, FlatIndex(out)), out, skipped)
     if fast is not None:
-        return _prompts_join_round(sel, graphs, timings, fast) if sel.pop.prompts_join_rounds else fast
+        return _prompts_join_round(sel, graphs, timings, fast)
     if charged and skipped:  # the general path ranks every program: each scored first, then all charged alike
         out = Out(len(graphs))
         for group in described.groups:
@@ -84,8 +84,7 @@ def select(
     else:
         for group in skipped:  # the general path below ranks every program
             score_group(sel, group, graphs, timings, out)
-    best = _general(sel, graphs, timings, out)
-    return _prompts_join_round(sel, graphs, timings, best) if sel.pop.prompts_join_rounds else best
+    return _prompts_join_round(sel, graphs, timings, _general(sel, graphs, timings, out))
 
 
 def _prompts_join_round(sel: DecisionRankings, graphs, timings, choice: Choice | None) -> Choice | None:
@@ -107,7 +106,8 @@ def _prompts_join_round(sel: DecisionRankings, graphs, timings, choice: Choice |
     the prompt rides beside the decoders and this rarely applies (docs/scheduling-utility.md,
     "Departures from the spec", 16).
     """
-    if choice is None or choice.graph.kind is not GraphKind.DECODE or not choice.timing.known:
+    if (not sel.pop.prompts_join_rounds or choice is None or choice.graph.kind is not GraphKind.DECODE
+            or not choice.timing.known):
         return choice
     p = sel.pop.prompters
     if not p.handle:
